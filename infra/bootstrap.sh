@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything tokenwire needs on a fresh Debian machine:
+# Debian packages, the Python virtual environment (cached outside the checkout and
+# rebuilt only when the dependency list changes), the Kafka jars, and the default model.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$TW_ROOT"
+mkdir -p "$TOKENWIRE_CACHE"
+
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+# --- Debian packages -------------------------------------------------------------
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+if [ "${TW_WITH_TEST_TOOLS:-0}" = 1 ]; then
+  command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "installing Debian packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+# --- Python virtual environment ---------------------------------------------------
+PY="${TW_PYTHON:-python3}"
+deps_hash=$("$PY" - <<'PY'
+import hashlib, sys, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+spec = sorted(p["dependencies"]) + sorted(p["optional-dependencies"]["dev"])
+print(hashlib.sha256(("\n".join(spec) + sys.version).encode()).hexdigest()[:16])
+PY
+)
+VENV="$TOKENWIRE_CACHE/venv-$deps_hash"
+if [ ! -f "$VENV/.complete" ]; then
+  log "building virtual environment $VENV (first run only: torch is large)"
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip setuptools
+  "$VENV/bin/pip" install -q -r <("$PY" - <<'PY'
+import tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))
+PY
+)
+  touch "$VENV/.complete"
+fi
+ln -sfn "$VENV" .venv
+# The project itself is installed editable from this checkout (seconds), so the cached
+# environment always runs the code of the checkout that bootstrapped last.
+"$VENV/bin/pip" install -q --no-deps --no-build-isolation -e . >/dev/null
+
+# --- Kafka jars from Maven Central --------------------------------------------------
+pom_hash=$(sha256sum infra/kafka/pom.xml | cut -c1-16)
+KAFKA_LIBS="$TOKENWIRE_CACHE/kafka-$pom_hash"
+if [ ! -f "$KAFKA_LIBS/.complete" ]; then
+  log "fetching Kafka jars into $KAFKA_LIBS"
+  rm -rf "$KAFKA_LIBS"
+  mvn -q -B -f infra/kafka/pom.xml dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$KAFKA_LIBS"
+  touch "$KAFKA_LIBS/.complete"
+fi
+ln -sfn "$KAFKA_LIBS" "$TOKENWIRE_CACHE/kafka-libs"
+
+# --- the default model -------------------------------------------------------------
+.venv/bin/tokenwire model build --preset "${TW_MODEL_PRESET:-tiny}" >&2
+log "ready"

@@ -1,0 +1,255 @@
+"""The decode engine: one ``step()`` drains the inbox, schedules, runs the model, samples and
+turns tokens into text deltas. Thread-safe inbox; everything else runs on the caller's
+thread (the worker runs ``step`` off its event loop)."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from services.worker.engine.kv_cache import KVCacheManager
+from services.worker.engine.model_runner import ModelRunner, RunItem
+from services.worker.engine.request import SeqState, Status
+from services.worker.engine.sampler import SamplingConfig, make_generator, sample
+from services.worker.engine.scheduler import Scheduler, SchedulerConfig, StepPlan
+from services.worker.engine.text import TextStream
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16
+    kv_budget_tokens: int = 65_536
+    max_running: int = 64
+    max_step_tokens: int = 1024
+    prefill_chunk: int = 256
+    enable_prefix_cache: bool = True
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    """A request as the engine takes it: token ids plus how to sample and when to stop."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int = 16
+    sampling: SamplingConfig = SamplingConfig()
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """What one request produced in one step."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish: Status | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    steps: int = 0
+    kv_blocks: int = 0
+    kv_used_blocks: int = 0
+    kv_peak_used_blocks: int = 0
+    kv_cached_blocks: int = 0
+    block_size: int = 16
+    prefix_hit_tokens: int = 0
+    prefilled_tokens: int = 0
+    decoded_tokens: int = 0
+    preemptions: int = 0
+    finished: int = 0
+    step_seconds: float = 0.0
+
+    @property
+    def free_kv_tokens(self) -> int:
+        return (self.kv_blocks - self.kv_used_blocks) * self.block_size
+
+
+@dataclass(slots=True)
+class _Live:
+    req: EngineRequest
+    seq: SeqState
+    text: TextStream
+    generator: torch.Generator | None
+    stop_ids: frozenset[int] = field(default_factory=frozenset)
+
+
+class Engine:
+    """Continuous batching over a Hugging Face causal LM with prefix KV reuse."""
+
+    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig = EngineConfig()) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        num_blocks = max(1, config.kv_budget_tokens // config.block_size)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        self.scheduler = Scheduler(
+            self.kv,
+            SchedulerConfig(config.max_running, config.max_step_tokens, config.prefill_chunk),
+        )
+        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+        self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._live: dict[str, _Live] = {}
+        self.stats = EngineStats(kv_blocks=num_blocks, block_size=config.block_size)
+
+    # --- thread-safe inbox -----------------------------------------------------------------
+    def add_request(self, req: EngineRequest) -> None:
+        self._inbox.put(("add", req))
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request at the next step; its blocks are freed (shared prefix stays)."""
+        self._inbox.put(("abort", request_id))
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._live) or not self._inbox.empty()
+
+    # --- one step -----------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        """Drain the inbox, run one scheduled forward pass, and return every request's output."""
+        t0 = time.perf_counter()
+        outputs = self._drain_inbox()
+        plan = self.scheduler.schedule()
+        self.stats.preemptions += len(plan.preempted)
+        if not plan.empty:
+            outputs += self._run(plan)
+        self._update_stats(time.perf_counter() - t0)
+        return outputs
+
+    def _drain_inbox(self) -> list[StepOutput]:
+        outputs = []
+        while not self._inbox.empty():
+            kind, arg = self._inbox.get()
+            if kind == "add":
+                out = self._admit(arg)
+            else:
+                out = self._abort(arg)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _admit(self, req: EngineRequest) -> StepOutput | None:
+        if req.request_id in self._live:
+            return None  # a duplicate delivery of a request already in flight
+        total = len(req.prompt_ids) + req.max_tokens
+        problem = None
+        if not req.prompt_ids:
+            problem = "empty prompt"
+        elif total > self.max_context:
+            problem = f"prompt + max_tokens = {total} exceeds the model context {self.max_context}"
+        elif total > self.kv.num_blocks * self.kv.block_size:
+            problem = f"prompt + max_tokens = {total} exceeds the KV budget"
+        if problem:
+            return StepOutput(req.request_id, [], "", Status.FINISHED_ERROR, error=problem)
+        seq = SeqState(req.request_id, list(req.prompt_ids), req.max_tokens, req.priority)
+        gen = make_generator(req.sampling.seed, self.runner.device) if req.sampling.temperature > 0 else None
+        stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_ids)
+        self._live[req.request_id] = _Live(req, seq, TextStream(self.tokenizer, req.stop), gen, stop_ids)
+        self.scheduler.add(seq)
+        return None
+
+    def _abort(self, request_id: str) -> StepOutput | None:
+        live = self._live.pop(request_id, None)
+        if live is None:
+            return None
+        self.scheduler.finish(live.seq, Status.FINISHED_ABORTED)
+        return self._final_output(live, [], "", Status.FINISHED_ABORTED)
+
+    def _run(self, plan: StepPlan) -> list[StepOutput]:
+        decode = [w for w in plan.work if w.num_tokens == 1]
+        prefill = [w for w in plan.work if w.num_tokens > 1]
+        logits: dict[str, torch.Tensor] = {}
+        # Decodes go in one batched pass; each prefill chunk in its own (no padding waste).
+        for group in ([decode] if decode else []) + [[w] for w in prefill]:
+            items = [
+                RunItem(
+                    w.seq.all_ids[w.seq.num_computed : w.seq.num_computed + w.num_tokens],
+                    w.seq.num_computed,
+                    self.kv.table(w.seq.request_id).block_ids,
+                )
+                for w in group
+            ]
+            out = self.runner.forward(items)
+            for w, row in zip(group, out, strict=True):
+                if w.samples:
+                    logits[w.seq.request_id] = row
+                if not (w.samples and w.num_tokens == 1 and w.seq.output_ids):
+                    self.stats.prefilled_tokens += w.num_tokens
+        self.scheduler.complete(plan)
+        sampled = [w.seq.request_id for w in plan.work if w.seq.request_id in logits]
+        if not sampled:
+            return []
+        lives = [self._live[r] for r in sampled]
+        tokens = sample(
+            torch.stack([logits[r] for r in sampled]),
+            [lv.req.sampling for lv in lives],
+            [lv.generator for lv in lives],
+        )
+        self.stats.decoded_tokens += len(tokens)
+        return [self._emit(lv, tok) for lv, tok in zip(lives, tokens, strict=True)]
+
+    def _emit(self, live: _Live, token: int) -> StepOutput:
+        seq = live.seq
+        seq.append_output(token)
+        finish = None
+        if token in live.stop_ids:
+            finish = Status.FINISHED_STOPPED
+        text = "" if finish else live.text.push([token])
+        if live.text.stopped:
+            finish = Status.FINISHED_STOPPED
+        elif finish is None and len(seq.output_ids) >= seq.max_tokens:
+            finish = Status.FINISHED_LENGTH
+        if finish is None:
+            return StepOutput(seq.request_id, [token], text)
+        text += live.text.flush()
+        self._live.pop(seq.request_id, None)
+        self.scheduler.finish(seq, finish)
+        return self._final_output(live, [token], text, finish)
+
+    def _final_output(self, live: _Live, tokens: list[int], text: str, finish: Status) -> StepOutput:
+        self.stats.finished += 1
+        seq = live.seq
+        return StepOutput(
+            seq.request_id,
+            tokens,
+            text,
+            finish,
+            prompt_tokens=len(seq.prompt_ids),
+            completion_tokens=len(seq.output_ids),
+            cached_tokens=seq.num_cached_prompt,
+        )
+
+    def _update_stats(self, seconds: float) -> None:
+        s, kv = self.stats, self.kv.stats
+        s.steps += 1
+        s.step_seconds += seconds
+        s.running = len(self.scheduler.running)
+        s.waiting = len(self.scheduler.waiting)
+        s.kv_used_blocks = kv.used_blocks
+        s.kv_peak_used_blocks = kv.peak_used_blocks
+        s.kv_cached_blocks = kv.cached_blocks
+        s.prefix_hit_tokens = kv.prefix_hit_tokens
+
+    def run_until_idle(self) -> list[StepOutput]:
+        """Step until every request has finished (for tests, benchmarks and batch jobs)."""
+        outputs = []
+        while self.has_work:
+            outputs += self.step()
+        return outputs

@@ -1,0 +1,138 @@
+"""Iteration-level scheduler (pure: no torch, no I/O).
+
+Every step: running sequences first get their next token (decode) or prefill chunk, then
+waiting ones are admitted — interactive before bulk, then by arrival — while the step's
+token budget, the running-sequence cap and the KV blocks allow. A running sequence that
+cannot grow preempts the lowest-priority, most recently arrived one (its KV is freed and
+recomputed later, mostly from the prefix cache) instead of failing.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from services.worker.engine.kv_cache import KVCacheManager
+from services.worker.engine.request import SeqState, Status
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_running: int = 64
+    max_step_tokens: int = 1024  # tokens processed by one step (decodes + prefill chunks)
+    prefill_chunk: int = 256  # a long prompt is prefilled this many tokens per step
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """Process ``num_tokens`` tokens of ``seq`` starting at ``seq.num_computed``."""
+
+    seq: SeqState
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this work reaches the end of the known tokens, so a token is sampled."""
+        return self.seq.num_computed + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class StepPlan:
+    work: list[Work] = field(default_factory=list)
+    preempted: list[SeqState] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.work
+
+
+class Scheduler:
+    """Decides, each step, which sequences run and how many tokens each processes."""
+
+    def __init__(self, kv: KVCacheManager, config: SchedulerConfig) -> None:
+        self.kv = kv
+        self.config = config
+        self.waiting: list[SeqState] = []  # kept sorted by (priority, arrival)
+        self.running: list[SeqState] = []
+        self._arrivals = 0
+
+    # --- membership ------------------------------------------------------------------------
+    def add(self, seq: SeqState) -> None:
+        seq.arrival = self._arrivals
+        self._arrivals += 1
+        seq.status = Status.WAITING
+        self._enqueue(seq)
+
+    def _enqueue(self, seq: SeqState) -> None:
+        bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
+
+    def finish(self, seq: SeqState, status: Status) -> None:
+        """Mark ``seq`` finished and release its KV (shared prefix blocks stay cached)."""
+        seq.finish(status)
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq.request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- one step --------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.config.max_step_tokens
+        # Running sequences, oldest first, so preemption takes from the young end.
+        self.running.sort(key=lambda s: s.sort_key)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed, budget, self.config.prefill_chunk)
+            while not self.kv.can_allocate(seq.request_id, seq.all_ids, seq.num_computed + n):
+                victim = self.running[-1]
+                self._preempt(victim, plan)
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                break  # it preempted itself: nothing younger is left to run
+            self.kv.allocate(seq.request_id, seq.all_ids, seq.num_computed + n)
+            plan.work.append(Work(seq, n))
+            budget -= n
+            i += 1
+        self._admit(plan, budget)
+        return plan
+
+    def _admit(self, plan: StepPlan, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            seq = self.waiting[0]
+            if plan.preempted and seq.sort_key >= plan.preempted[-1].sort_key:
+                break  # memory is short this step: don't admit what we just evicted
+            ids = seq.all_ids
+            cached = len(self.kv.cached_prefix_blocks(ids)) * self.kv.block_size
+            n = min(len(ids) - cached, budget, self.config.prefill_chunk)
+            if not self.kv.can_allocate(seq.request_id, ids, cached + n):
+                break  # head-of-line waits: admission never overcommits KV
+            hit = self.kv.allocate(seq.request_id, ids, cached + n)
+            self.waiting.pop(0)
+            seq.num_computed = hit
+            if seq.num_preemptions == 0:
+                seq.num_cached_prompt = hit
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            plan.work.append(Work(seq, n))
+            budget -= n
+
+    def _preempt(self, seq: SeqState, plan: StepPlan) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq.request_id)
+        seq.preempt()
+        self._enqueue(seq)
+        plan.preempted.append(seq)
+
+    def complete(self, plan: StepPlan) -> None:
+        """Account for a finished step: the planned tokens now have KV in the cache."""
+        for w in plan.work:
+            if w.seq.status is Status.RUNNING:
+                w.seq.num_computed += w.num_tokens
+                self.kv.commit(w.seq.request_id, w.seq.all_ids, w.seq.num_computed)

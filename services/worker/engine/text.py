@@ -1,0 +1,82 @@
+"""Incremental detokenization and stop strings (no torch).
+
+Text deltas never split a multi-byte character: a delta whose decoding ends in U+FFFD waits
+for the next token. Text that could still turn into a stop string is held back, so a stop
+string spanning tokens is cut exactly and never half-sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class Decoder(Protocol):
+    def decode(self, token_ids: Sequence[int], **kwargs: bool) -> str: ...
+
+
+class TextStream:
+    """Turns a growing list of token ids into text deltas for one request."""
+
+    def __init__(self, decoder: Decoder, stop: Sequence[str] = ()) -> None:
+        self._decoder = decoder
+        self._stop = [s for s in stop if s]
+        self._ids: list[int] = []
+        self._prefix_offset = 0  # ids before this are settled into _text
+        self._read_offset = 0
+        self._text = ""  # decoded text so far (settled part)
+        self._sent = 0  # characters of _text already emitted
+        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """The text emitted so far."""
+        return self._text[: self._sent]
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._decoder.decode(ids, skip_special_tokens=True)
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Add tokens; return the text that is safe to send now. Sets ``stopped`` when a
+        stop string appeared (the returned text ends right before it)."""
+        self._ids.extend(token_ids)
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self._text += full[len(prefix) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+        return self._release(final=False)
+
+    def flush(self) -> str:
+        """At the end: everything not sent yet (a trailing partial character included)."""
+        if not self.stopped:
+            self._text = self._decode(self._ids)
+        return self._release(final=True)
+
+    def _release(self, *, final: bool) -> str:
+        if self.stopped:
+            return ""
+        start = max(0, self._sent - max((len(s) for s in self._stop), default=0))
+        cut = min((i for s in self._stop if (i := self._text.find(s, start)) >= 0), default=-1)
+        if cut >= 0:
+            self._text = self._text[:cut]
+            self.stopped = True
+            end = cut
+        elif final:
+            end = len(self._text)
+        else:
+            end = len(self._text) - self._held_back()
+        delta = self._text[self._sent : end] if end > self._sent else ""
+        self._sent = max(self._sent, end)
+        return delta
+
+    def _held_back(self) -> int:
+        """Length of the longest text suffix that is a proper prefix of a stop string."""
+        best = 0
+        for s in self._stop:
+            for k in range(min(len(s) - 1, len(self._text)), best, -1):
+                if self._text.endswith(s[:k]):
+                    best = k
+                    break
+        return best

@@ -1,0 +1,1 @@
+"""tokenwire's wire contract: every message on Kafka and Redis, its codec, names and settings."""

@@ -1,0 +1,83 @@
+"""Kafka connection helpers: one configuration of producers, consumers and topics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+
+from shared.settings import CommonSettings
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+def make_producer(settings: CommonSettings, *, client_id: str, linger_ms: int = 2) -> AIOKafkaProducer:
+    """An idempotent producer that waits for every in-sync replica (acks=all): a send that
+    returns is durable, so callers may commit their input offsets after it."""
+    return AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        client_id=client_id,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=linger_ms,
+        max_request_size=MAX_MESSAGE_BYTES,
+        request_timeout_ms=30_000,
+    )
+
+
+def make_consumer(
+    settings: CommonSettings, *topics: str, group_id: str | None, client_id: str, **extra: object
+) -> AIOKafkaConsumer:
+    """A consumer with manual commits: offsets are committed only after the work is safe."""
+    return AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=group_id,
+        client_id=client_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
+        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+        **extra,
+    )
+
+
+async def ensure_topics(
+    settings: CommonSettings, partitions: Mapping[str, int], *, retries: int = 30
+) -> list[str]:
+    """Create the given topics (name → partition count) if missing; returns those created.
+
+    Retries while the broker is still starting, so it can run right after the broker's
+    port opens."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id="tw-admin")
+    for attempt in range(retries):
+        try:
+            await admin.start()
+            break
+        except KafkaConnectionError:
+            if attempt == retries - 1:
+                raise
+            await asyncio.sleep(1.0)
+    created = []
+    try:
+        existing = set(await admin.list_topics())
+        missing = [
+            NewTopic(name=t, num_partitions=n, replication_factor=1)
+            for t, n in partitions.items()
+            if t not in existing
+        ]
+        for topic in missing:
+            try:
+                await admin.create_topics([topic])
+                created.append(topic.name)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        await admin.close()
+    return created

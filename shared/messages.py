@@ -1,0 +1,216 @@
+"""Pydantic models of every message on the wire.
+
+Producers in any language publish JSON that validates against these models; the JSON Schema
+exported by ``tokenwire schema`` into ``shared/schemas/`` is generated from them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+TenantId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+
+MAX_STOP_STRINGS = 8
+SEED_MAX = 2**63 - 1
+
+
+def new_request_id() -> str:
+    """A fresh request id (``req-`` + 32 hex digits)."""
+    return f"req-{uuid.uuid4().hex}"
+
+
+def new_seed() -> int:
+    """A random 63-bit seed; assigned at ingestion so a regenerated request repeats itself."""
+    return secrets.randbits(63)
+
+
+class Wire(BaseModel):
+    """Base of all wire messages: unknown fields are rejected, values are not coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=False)
+
+
+class Priority(StrEnum):
+    INTERACTIVE = "interactive"
+    BULK = "bulk"
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # EOS, a stop string or a stop token id
+    LENGTH = "length"  # max_tokens or the model's context
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class ChatMessage(Wire):
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=1_000_000)
+
+
+class SamplingParams(Wire):
+    """How to pick tokens. ``temperature == 0`` means greedy."""
+
+    max_tokens: int = Field(16, ge=1, le=1_000_000)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
+    stop: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=MAX_STOP_STRINGS
+    )
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class ReplyTarget(Wire):
+    """Where results go: token events on the request's Redis channel (default), and/or one
+    ``Completion`` record on a Kafka topic for consumers that do not stream."""
+
+    redis: bool = True
+    kafka_topic: str | None = Field(None, min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+
+
+class GenerateRequest(Wire):
+    """A generation request, as published to the requests topic (keyed by request id)."""
+
+    v: Literal[1] = 1
+    request_id: RequestId = Field(default_factory=new_request_id)
+    created_at: float = Field(default_factory=time.time, description="unix seconds")
+    tenant: TenantId = "default"
+    priority: Priority = Priority.INTERACTIVE
+    model: str | None = Field(None, max_length=256)
+    prompt: str | None = Field(None, max_length=4_000_000)
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1024)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    stream: bool = True
+    reply: ReplyTarget = Field(default_factory=ReplyTarget)
+    deadline: float | None = Field(None, description="unix seconds; past it the request fails")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GenerateRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of 'prompt' and 'messages' must be given")
+        return self
+
+    def with_seed(self) -> GenerateRequest:
+        """This request with a seed set (a fresh one if the producer gave none)."""
+        if self.sampling.seed is not None:
+            return self
+        sampling = self.sampling.model_copy(update={"seed": new_seed()})
+        return self.model_copy(update={"sampling": sampling})
+
+
+class Usage(Wire):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    cached_tokens: int = Field(0, ge=0, description="prompt tokens served from the prefix cache")
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class ErrorInfo(Wire):
+    code: str = Field(max_length=64)
+    message: str = Field(max_length=4096)
+
+
+class TokenEvent(Wire):
+    """One event on a request's stream. ``seq`` is contiguous from 0; the last event of a
+    stream carries ``finish_reason`` (and ``usage``), or ``error``."""
+
+    request_id: RequestId
+    seq: int = Field(ge=0)
+    text: str = ""
+    token_ids: list[int] = Field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: ErrorInfo | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Completion(Wire):
+    """A finished request, as written to the completions topic (keyed by request id)."""
+
+    request_id: RequestId
+    tenant: TenantId = "default"
+    text: str = ""
+    token_ids: list[int] = Field(default_factory=list)
+    finish_reason: FinishReason
+    usage: Usage | None = None
+    error: ErrorInfo | None = None
+    created_at: float
+    finished_at: float = Field(default_factory=time.time)
+    worker_id: str | None = None
+
+
+class Batch(Wire):
+    """A group of requests handed by a batcher to one worker partition of the batches topic."""
+
+    batch_id: str = Field(default_factory=lambda: f"bat-{uuid.uuid4().hex}")
+    created_at: float = Field(default_factory=time.time)
+    batcher_id: str = ""
+    requests: list[GenerateRequest] = Field(min_length=1)
+
+
+class WorkerHeartbeat(Wire):
+    """A worker's load and cache summary, refreshed about every second in Redis."""
+
+    worker_id: str
+    at: float = Field(default_factory=time.time)
+    partitions: list[int] = Field(default_factory=list)
+    free_slots: int = 0
+    free_kv_tokens: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv_used_tokens: int = 0
+    prefix_hashes: list[int] = Field(
+        default_factory=list, description="hashes of the worker's hottest cached prefix blocks"
+    )
+
+
+class CancelRequest(Wire):
+    """Broadcast on the cancel channel; the worker holding the request aborts it."""
+
+    request_id: RequestId
+    tenant: TenantId = "default"
+    at: float = Field(default_factory=time.time)
+
+
+class DeadLetter(Wire):
+    """A message that could not be served, with the reason and where it came from."""
+
+    reason: str = Field(description="machine-readable cause, e.g. 'undecodable', 'invalid'")
+    detail: str = ""
+    topic: str
+    partition: int
+    offset: int
+    key: str | None = None
+    original_b64: str = Field(description="the original message bytes, base64")
+    request_id: str | None = None
+    at: float = Field(default_factory=time.time)
+
+
+WIRE_MODELS: tuple[type[Wire], ...] = (
+    GenerateRequest,
+    TokenEvent,
+    Completion,
+    Batch,
+    WorkerHeartbeat,
+    CancelRequest,
+    DeadLetter,
+)

@@ -1,0 +1,72 @@
+"""One place for every Kafka topic and Redis key or channel name.
+
+A prefix (``TW_TOPIC_PREFIX``, default ``tw``) namespaces everything, so several stacks or
+test runs can share one Kafka cluster and one Redis server without seeing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """Topic, channel and key names under one prefix."""
+
+    prefix: str = "tw"
+
+    # --- Kafka topics ---------------------------------------------------------------
+    @property
+    def requests(self) -> str:
+        return f"{self.prefix}.requests"
+
+    @property
+    def batches(self) -> str:
+        return f"{self.prefix}.batches"
+
+    @property
+    def completions(self) -> str:
+        return f"{self.prefix}.completions"
+
+    @property
+    def requests_dlq(self) -> str:
+        return f"{self.prefix}.requests.dlq"
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return (self.requests, self.batches, self.completions, self.requests_dlq)
+
+    # --- consumer groups ------------------------------------------------------------
+    @property
+    def batcher_group(self) -> str:
+        return f"{self.prefix}.batcher"
+
+    @property
+    def worker_group(self) -> str:
+        return f"{self.prefix}.worker"
+
+    # --- Redis --------------------------------------------------------------------------
+    def token_channel(self, request_id: str) -> str:
+        """Pub/sub channel carrying a request's live token events."""
+        return f"{self.prefix}:tok:{request_id}"
+
+    def token_log(self, request_id: str) -> str:
+        """Redis Stream holding a request's events for replay (resume after disconnect)."""
+        return f"{self.prefix}:log:{request_id}"
+
+    def done_marker(self, request_id: str) -> str:
+        """Key set when a request has finished, so a redelivered batch skips it."""
+        return f"{self.prefix}:done:{request_id}"
+
+    @property
+    def cancel_channel(self) -> str:
+        """Pub/sub channel on which edges broadcast cancellations to every worker."""
+        return f"{self.prefix}:cancel"
+
+    @property
+    def heartbeat_prefix(self) -> str:
+        return f"{self.prefix}:hb:"
+
+    def heartbeat(self, worker_id: str) -> str:
+        """Key holding a worker's latest heartbeat (expires when the worker goes silent)."""
+        return f"{self.heartbeat_prefix}{worker_id}"

@@ -1,0 +1,64 @@
+"""Settings built once per service from ``TW_*`` environment variables.
+
+Each field ``foo_bar`` of a settings class is read from ``TW_FOO_BAR``. A missing required
+value or a value that does not parse fails at start-up with the variable's name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from shared.names import Names
+
+ENV_PREFIX = "TW_"
+
+
+class SettingsError(ValueError):
+    """A configuration value is missing or malformed; the message names the variable."""
+
+
+class EnvSettings(BaseModel):
+    """Base of every service's settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def env_key(cls, field: str) -> str:
+        return ENV_PREFIX + field.upper()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Self:
+        """Build settings from the environment (``os.environ`` by default)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for name in cls.model_fields:
+            key = cls.env_key(name)
+            if key in env:
+                values[name] = env[key]
+        values.update(overrides)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            problems = []
+            for err in exc.errors():
+                field = str(err["loc"][0]) if err["loc"] else "?"
+                shown = values.get(field, "<unset>")
+                problems.append(f"{cls.env_key(field)}={shown!r}: {err['msg']}")
+            raise SettingsError("bad configuration: " + "; ".join(problems)) from None
+
+
+class CommonSettings(EnvSettings):
+    """What every service needs: where Kafka and Redis are, and the name prefix."""
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    topic_prefix: str = "tw"
+    log_level: str = "INFO"
+
+    @property
+    def names(self) -> Names:
+        return Names(self.topic_prefix)

@@ -1,0 +1,119 @@
+"""Token streams over Redis: pub/sub for live delivery, a Redis Stream as the replay log.
+
+Writer: each event is appended to the request's log (stream id ``0-<seq+1>``) *before* it
+is published, so a reader that subscribes first and then reads the log sees every event:
+whatever it missed live is already in the log. Reader: subscribe, replay the log after the
+last seq it has, then follow the channel, dropping duplicates by ``seq``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared.codec import decode, encode
+from shared.messages import TokenEvent
+from shared.names import Names
+
+LOG_TTL_S = 3600
+LOG_MAXLEN = 100_000
+
+
+def log_id(seq: int) -> str:
+    """The replay-log entry id of event ``seq``; explicit ids make a re-append fail loudly."""
+    return f"0-{seq + 1}"
+
+
+def queue_events(
+    pipe: Any, names: Names, events: Sequence[TokenEvent], *, ttl_s: int = LOG_TTL_S
+) -> None:
+    """Add the commands that append and publish ``events`` to a Redis pipeline."""
+    for ev in events:
+        data = encode(ev)
+        log_key = names.token_log(ev.request_id)
+        pipe.xadd(log_key, {"d": data}, id=log_id(ev.seq), maxlen=LOG_MAXLEN, approximate=True)
+        if ev.seq == 0 or ev.final:
+            pipe.expire(log_key, ttl_s)
+        pipe.publish(names.token_channel(ev.request_id), data)
+
+
+async def publish_events(
+    client: aioredis.Redis, names: Names, events: Sequence[TokenEvent], *, ttl_s: int = LOG_TTL_S
+) -> None:
+    """Append and publish ``events`` in one round trip."""
+    if not events:
+        return
+    pipe = client.pipeline(transaction=False)
+    queue_events(pipe, names, events, ttl_s=ttl_s)
+    await pipe.execute()
+
+
+async def last_published_seq(client: aioredis.Redis, names: Names, request_id: str) -> int:
+    """The highest seq in a request's replay log, or -1 when it has none."""
+    entries = await client.xrevrange(names.token_log(request_id), count=1)
+    if not entries:
+        return -1
+    return int(_entry_id(entries[0][0]).split("-")[1]) - 1
+
+
+async def read_log(
+    client: aioredis.Redis, names: Names, request_id: str, *, after_seq: int = -1
+) -> list[TokenEvent]:
+    """The events of a request's replay log with seq > ``after_seq``, in order."""
+    entries = await client.xrange(names.token_log(request_id), min=log_id(after_seq + 1), max="+")
+    return [decode(TokenEvent, fields[b"d"]) for _, fields in entries]
+
+
+async def follow(
+    client: aioredis.Redis,
+    names: Names,
+    request_id: str,
+    *,
+    after_seq: int = -1,
+    idle_timeout_s: float | None = None,
+) -> AsyncIterator[TokenEvent]:
+    """Yield a request's events with seq > ``after_seq`` exactly once each, in order,
+    until the final event. Raises ``TimeoutError`` after ``idle_timeout_s`` without one."""
+    pubsub = client.pubsub()
+    await pubsub.subscribe(names.token_channel(request_id))
+    next_seq = after_seq + 1
+    try:
+        for ev in await read_log(client, names, request_id, after_seq=after_seq):
+            if ev.seq == next_seq:
+                next_seq += 1
+                yield ev
+                if ev.final:
+                    return
+        loop = asyncio.get_running_loop()
+        last_event_at = loop.time()
+        while True:
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if msg is None:
+                if idle_timeout_s is not None and loop.time() - last_event_at > idle_timeout_s:
+                    raise TimeoutError(f"no event for {request_id} in {idle_timeout_s}s")
+                continue
+            ev = decode(TokenEvent, msg["data"])
+            if ev.seq < next_seq:
+                continue  # already seen through the log
+            last_event_at = loop.time()
+            # A gap means events went out before we subscribed; they are in the log.
+            batch = [ev] if ev.seq == next_seq else await read_log(
+                client, names, request_id, after_seq=next_seq - 1
+            )
+            for item in batch:
+                if item.seq != next_seq:
+                    continue
+                next_seq += 1
+                yield item
+                if item.final:
+                    return
+    finally:
+        await pubsub.unsubscribe()
+        await pubsub.aclose()
+
+
+def _entry_id(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
