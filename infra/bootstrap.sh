@@ -14,6 +14,7 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ "${TW_WITH_TEST_TOOLS:-0}" = 1 ]; then
   command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
 fi

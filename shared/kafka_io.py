@@ -17,7 +17,9 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
-def make_producer(settings: CommonSettings, *, client_id: str, linger_ms: int = 2) -> AIOKafkaProducer:
+def make_producer(
+    settings: CommonSettings, *, client_id: str, linger_ms: int = 2
+) -> AIOKafkaProducer:
     """An idempotent producer that waits for every in-sync replica (acks=all): a send that
     returns is durable, so callers may commit their input offsets after it."""
     return AIOKafkaProducer(

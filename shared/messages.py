@@ -78,7 +78,9 @@ class ReplyTarget(Wire):
     ``Completion`` record on a Kafka topic for consumers that do not stream."""
 
     redis: bool = True
-    kafka_topic: str | None = Field(None, min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+    kafka_topic: str | None = Field(
+        None, min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$"
+    )
 
 
 class GenerateRequest(Wire):
@@ -141,6 +143,16 @@ class TokenEvent(Wire):
     @property
     def final(self) -> bool:
         return self.finish_reason is not None
+
+
+def error_event(request_id: str, seq: int, code: str, message: str) -> TokenEvent:
+    """A final event reporting that a request could not be served."""
+    return TokenEvent(
+        request_id=request_id,
+        seq=seq,
+        finish_reason=FinishReason.ERROR,
+        error=ErrorInfo(code=code, message=message[:4096]),
+    )
 
 
 class Completion(Wire):

@@ -56,7 +56,7 @@ async def last_published_seq(client: aioredis.Redis, names: Names, request_id: s
     entries = await client.xrevrange(names.token_log(request_id), count=1)
     if not entries:
         return -1
-    return int(_entry_id(entries[0][0]).split("-")[1]) - 1
+    return int(_entry_id(entries[0][0]).split("-")[1]) - 1  # type: ignore[arg-type]
 
 
 async def read_log(
@@ -64,7 +64,7 @@ async def read_log(
 ) -> list[TokenEvent]:
     """The events of a request's replay log with seq > ``after_seq``, in order."""
     entries = await client.xrange(names.token_log(request_id), min=log_id(after_seq + 1), max="+")
-    return [decode(TokenEvent, fields[b"d"]) for _, fields in entries]
+    return [decode(TokenEvent, fields[b"d"]) for _, fields in entries or ()]  # type: ignore[index]
 
 
 async def follow(
@@ -100,8 +100,10 @@ async def follow(
                 continue  # already seen through the log
             last_event_at = loop.time()
             # A gap means events went out before we subscribed; they are in the log.
-            batch = [ev] if ev.seq == next_seq else await read_log(
-                client, names, request_id, after_seq=next_seq - 1
+            batch = (
+                [ev]
+                if ev.seq == next_seq
+                else await read_log(client, names, request_id, after_seq=next_seq - 1)
             )
             for item in batch:
                 if item.seq != next_seq:

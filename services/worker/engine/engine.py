@@ -37,7 +37,7 @@ class EngineRequest:
     request_id: str
     prompt_ids: list[int]
     max_tokens: int = 16
-    sampling: SamplingConfig = SamplingConfig()
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stop: Sequence[str] = ()
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
@@ -159,9 +159,15 @@ class Engine:
         if problem:
             return StepOutput(req.request_id, [], "", Status.FINISHED_ERROR, error=problem)
         seq = SeqState(req.request_id, list(req.prompt_ids), req.max_tokens, req.priority)
-        gen = make_generator(req.sampling.seed, self.runner.device) if req.sampling.temperature > 0 else None
+        gen = (
+            make_generator(req.sampling.seed, self.runner.device)
+            if req.sampling.temperature > 0
+            else None
+        )
         stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_ids)
-        self._live[req.request_id] = _Live(req, seq, TextStream(self.tokenizer, req.stop), gen, stop_ids)
+        self._live[req.request_id] = _Live(
+            req, seq, TextStream(self.tokenizer, req.stop), gen, stop_ids
+        )
         self.scheduler.add(seq)
         return None
 
@@ -223,7 +229,9 @@ class Engine:
         self.scheduler.finish(seq, finish)
         return self._final_output(live, [token], text, finish)
 
-    def _final_output(self, live: _Live, tokens: list[int], text: str, finish: Status) -> StepOutput:
+    def _final_output(
+        self, live: _Live, tokens: list[int], text: str, finish: Status
+    ) -> StepOutput:
         self.stats.finished += 1
         seq = live.seq
         return StepOutput(

@@ -108,9 +108,7 @@ class KVCacheManager:
 
     def hottest_hashes(self, limit: int) -> list[int]:
         """Hashes of cached blocks, referenced ones first, for routing summaries."""
-        ranked = sorted(
-            (b for b in self._blocks if b.hash is not None), key=lambda b: -b.ref
-        )
+        ranked = sorted((b for b in self._blocks if b.hash is not None), key=lambda b: -b.ref)
         return [b.hash for b in ranked[:limit] if b.hash is not None]
 
     # --- allocation ----------------------------------------------------------------------

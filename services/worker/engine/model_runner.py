@@ -50,7 +50,10 @@ class _PagedCache:
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = []
-        for pool, new in ((self.k_pool[layer_idx], key_states), (self.v_pool[layer_idx], value_states)):
+        for pool, new in (
+            (self.k_pool[layer_idx], key_states),
+            (self.v_pool[layer_idx], value_states),
+        ):
             # new: [rows, heads, q, dim] → the valid (row, q) tokens into their slots.
             pool[self.write_blocks, self.write_offsets] = new[self.write_rows, :, self.write_cols]
             rows, nblk = self.gather.shape
@@ -77,9 +80,17 @@ class ModelRunner:
         shape = (num_blocks, block_size, kv_heads, head_dim)
         # Zeros, not empty: padded slots are masked out, but NaN garbage would leak through
         # the value product (0 * NaN).
-        self.k_pool = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
-        self.v_pool = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
-        self.bytes_per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * param.element_size()
+        self.k_pool = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device)
+            for _ in range(cfg.num_hidden_layers)
+        ]
+        self.v_pool = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device)
+            for _ in range(cfg.num_hidden_layers)
+        ]
+        self.bytes_per_token = (
+            2 * cfg.num_hidden_layers * kv_heads * head_dim * param.element_size()
+        )
         self._decoder = model.get_decoder()
         self._lm_head = model.get_output_embeddings()
 

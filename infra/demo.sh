@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set everything up (idempotent), start the whole stack on the embedded default model,
+# stream a sample answer, and keep serving until Ctrl-C (or `infra/demo.sh stop`).
+#   infra/demo.sh [--detach] ["prompt"] | stop
+set -euo pipefail
+export TW_STACK=demo
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$TW_ROOT"
+
+if [ "${1:-}" = "stop" ]; then exec infra/stack.sh down; fi
+detach=0
+if [ "${1:-}" = "--detach" ]; then detach=1; shift; fi
+prompt="${1:-The function returns}"
+
+bash infra/bootstrap.sh
+infra/stack.sh up
+echo
+echo "Streaming a sample answer through Kafka → batcher → worker → Redis → edge:"
+echo "> $prompt"
+.venv/bin/tokenwire ask --url "http://127.0.0.1:$TW_EDGE_PORT" "$prompt"
+echo
+echo "OpenAI-compatible API: http://127.0.0.1:$TW_EDGE_PORT/v1  (model: tokenwire-tiny)"
+echo "Try:  .venv/bin/tokenwire ask --url http://127.0.0.1:$TW_EDGE_PORT \"Return the\""
+if [ "$detach" = 1 ]; then
+  echo "Stop with: infra/demo.sh stop"
+  exit 0
+fi
+echo "Serving; press Ctrl-C to stop everything."
+trap 'echo; infra/stack.sh down; exit 0' INT TERM
+while infra/stack.sh status >/dev/null 2>&1; do sleep 2; done
+echo "a service stopped; see $TW_RUN_DIR/logs" >&2
+infra/stack.sh down
+exit 1

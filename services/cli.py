@@ -1,0 +1,186 @@
+"""The ``tokenwire`` command: run a service, build the model, export schemas, ask a question."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from shared.settings import CommonSettings, SettingsError
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format='{"t":"%(asctime)s","lvl":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
+        stream=sys.stderr,
+    )
+
+
+async def _serve_until_signal(
+    start: Callable[[], Coroutine[Any, Any, None]], stop: Callable[[], None]
+) -> None:
+    """Run a service; SIGTERM or SIGINT asks it to stop gracefully."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    await start()
+
+
+def resolve_model_dir(explicit: str, preset: str = "tiny") -> str:
+    """The configured model folder, or the embedded default model (built if missing)."""
+    if explicit:
+        return explicit
+    from services.model.build import default_cache_dir, ensure_model
+
+    return str(ensure_model(preset, default_cache_dir(), log=lambda m: print(m, file=sys.stderr)))
+
+
+def cmd_worker(_: argparse.Namespace) -> None:
+    import torch
+
+    from services.worker.config import WorkerSettings
+    from services.worker.engine.engine import Engine, EngineConfig
+    from services.worker.loader import load_model
+    from services.worker.service import WorkerService
+
+    settings = WorkerSettings.from_env(
+        model_dir=resolve_model_dir(os.environ.get("TW_MODEL_DIR", ""))
+    )
+    _setup_logging(settings.log_level)
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    model, tokenizer = load_model(settings.model_dir, settings.device, settings.dtype)
+    engine = Engine(
+        model,
+        tokenizer,
+        EngineConfig(
+            block_size=settings.block_size,
+            kv_budget_tokens=settings.kv_budget_tokens,
+            max_running=settings.max_running,
+            max_step_tokens=settings.max_step_tokens,
+            prefill_chunk=settings.prefill_chunk,
+            enable_prefix_cache=settings.prefix_cache,
+        ),
+    )
+    service = WorkerService(settings, engine, tokenizer)
+    logging.getLogger("tokenwire.worker").info(
+        "worker %s serving %s", settings.worker_id, settings.model_dir
+    )
+    asyncio.run(_serve_until_signal(service.run, service.stop))
+
+
+def cmd_batcher(_: argparse.Namespace) -> None:
+    from services.batcher.config import BatcherSettings
+    from services.batcher.service import BatcherService
+
+    settings = BatcherSettings.from_env()
+    _setup_logging(settings.log_level)
+    service = BatcherService(settings)
+    asyncio.run(_serve_until_signal(service.run, service.stop))
+
+
+def cmd_edge(_: argparse.Namespace) -> None:
+    import uvicorn
+
+    from services.edge.app import create_app
+    from services.edge.config import EdgeSettings
+
+    settings = EdgeSettings.from_env()
+    _setup_logging(settings.log_level)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+
+
+def cmd_topics(args: argparse.Namespace) -> None:
+    from shared.kafka_io import ensure_topics
+
+    settings = CommonSettings.from_env()
+    n = settings.names
+    parts = {
+        n.requests: args.requests,
+        n.batches: args.batches,
+        n.completions: args.completions,
+        n.requests_dlq: 1,
+    }
+    created = asyncio.run(ensure_topics(settings, parts))
+    print(f"topics ready ({', '.join(created) or 'all existed'} created)")
+
+
+def cmd_model_build(args: argparse.Namespace) -> None:
+    from services.model.build import default_cache_dir, ensure_model
+
+    out = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    print(ensure_model(args.preset, out, force=args.force))
+
+
+def cmd_schema(args: argparse.Namespace) -> None:
+    from shared.schemas import export_schemas, stale_schemas
+
+    if args.check:
+        stale = stale_schemas()
+        if stale:
+            sys.exit(f"stale JSON schemas (run `tokenwire schema`): {', '.join(stale)}")
+        print("schemas up to date")
+        return
+    for path in export_schemas():
+        print(path)
+
+
+def cmd_ask(args: argparse.Namespace) -> None:
+    from services.client import stream_completion
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(
+            stream_completion(args.url, args.prompt, args.max_tokens, args.model, sys.stdout)
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("worker", help="run a decode worker").set_defaults(fn=cmd_worker)
+    sub.add_parser("batcher", help="run a batcher").set_defaults(fn=cmd_batcher)
+    sub.add_parser("edge", help="run an HTTP edge").set_defaults(fn=cmd_edge)
+    t = sub.add_parser("topics", help="create the Kafka topics")
+    t.add_argument("action", choices=["create"])
+    t.add_argument(
+        "--requests", type=int, default=int(os.environ.get("TW_REQUESTS_PARTITIONS", "4"))
+    )
+    t.add_argument("--batches", type=int, default=int(os.environ.get("TW_BATCHES_PARTITIONS", "4")))
+    t.add_argument("--completions", type=int, default=4)
+    t.set_defaults(fn=cmd_topics)
+    m = sub.add_parser("model", help="the embedded default model")
+    m.add_argument("action", choices=["build"])
+    m.add_argument("--preset", default="tiny")
+    m.add_argument("--cache-dir", default="")
+    m.add_argument("--force", action="store_true")
+    m.set_defaults(fn=cmd_model_build)
+    s = sub.add_parser("schema", help="export JSON Schema of every wire message")
+    s.add_argument("--check", action="store_true", help="fail if the committed schemas are stale")
+    s.set_defaults(fn=cmd_schema)
+    a = sub.add_parser("ask", help="stream a completion from an edge and print it")
+    a.add_argument("prompt")
+    a.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('TW_EDGE_PORT', '8000')}")
+    a.add_argument("--model", default="tokenwire-tiny")
+    a.add_argument("--max-tokens", type=int, default=64)
+    a.set_defaults(fn=cmd_ask)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except SettingsError as exc:
+        sys.exit(str(exc))
+
+
+if __name__ == "__main__":
+    main()

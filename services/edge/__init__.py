@@ -1,0 +1,1 @@
+"""The edge responder: OpenAI-compatible HTTP in, token streams from Redis out."""

@@ -1,0 +1,74 @@
+"""Turns engine outputs into wire events: contiguous ``seq`` per request, the final event
+with usage, and the completion record for Kafka reply targets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.worker.engine.engine import StepOutput
+from services.worker.engine.request import Status
+from shared.messages import (
+    Completion,
+    ErrorInfo,
+    FinishReason,
+    GenerateRequest,
+    TokenEvent,
+    Usage,
+)
+
+FINISH = {
+    Status.FINISHED_STOPPED: FinishReason.STOP,
+    Status.FINISHED_LENGTH: FinishReason.LENGTH,
+    Status.FINISHED_ABORTED: FinishReason.CANCELLED,
+    Status.FINISHED_ERROR: FinishReason.ERROR,
+}
+
+
+@dataclass
+class StreamState:
+    """One request's stream as the worker writes it."""
+
+    request: GenerateRequest
+    skip_upto: int = -1  # events up to this seq were published before (a redelivery)
+    next_seq: int = 0
+    pending_ids: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+
+    def event(self, out: StepOutput) -> TokenEvent | None:
+        """The event for one step's output, or None while there is no text to send yet
+        (e.g. half of a multi-byte character); its token ids ride on the next event."""
+        self.pending_ids += out.token_ids
+        self.token_ids += out.token_ids
+        self.text.append(out.text)
+        if not out.text and out.finish is None:
+            return None
+        ev = TokenEvent(
+            request_id=out.request_id, seq=self.next_seq, text=out.text, token_ids=self.pending_ids
+        )
+        if out.finish is not None:
+            ev.finish_reason = FINISH[out.finish]
+            if out.error:
+                ev.error = ErrorInfo(code="invalid_request", message=out.error)
+            else:
+                ev.usage = Usage(
+                    prompt_tokens=out.prompt_tokens,
+                    completion_tokens=out.completion_tokens,
+                    cached_tokens=out.cached_tokens,
+                )
+        self.pending_ids = []
+        self.next_seq += 1
+        return ev if ev.seq > self.skip_upto else None
+
+    def completion(self, final: TokenEvent, worker_id: str) -> Completion:
+        return Completion(
+            request_id=self.request.request_id,
+            tenant=self.request.tenant,
+            text="".join(self.text),
+            token_ids=self.token_ids,
+            finish_reason=final.finish_reason or FinishReason.ERROR,
+            usage=final.usage,
+            error=final.error,
+            created_at=self.request.created_at,
+            worker_id=worker_id,
+        )

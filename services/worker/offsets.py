@@ -1,0 +1,54 @@
+"""Which batch offsets may be committed (pure).
+
+A batch's offset is committable only when every request in it has finished, and offsets
+are committed contiguously per partition: a crash redelivers every unfinished batch."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class OffsetTracker:
+    _pending: dict[int, dict[int, set[str]]] = field(default_factory=lambda: defaultdict(dict))
+    _owner: dict[str, tuple[int, int]] = field(default_factory=dict)
+    _committed: dict[int, int] = field(default_factory=dict)
+
+    def add(self, partition: int, offset: int, request_ids: list[str]) -> None:
+        """A batch arrived; ``request_ids`` are the requests still to finish in it."""
+        self._pending[partition][offset] = set(request_ids)
+        for rid in request_ids:
+            self._owner[rid] = (partition, offset)
+
+    def done(self, request_id: str) -> None:
+        where = self._owner.pop(request_id, None)
+        if where is not None:
+            self._pending[where[0]][where[1]].discard(request_id)
+
+    def committable(self) -> dict[int, int]:
+        """Partition → next offset to commit, for partitions whose position advanced."""
+        out = {}
+        for part, batches in self._pending.items():
+            nxt = None
+            for off in sorted(batches):
+                if batches[off]:
+                    break
+                del batches[off]
+                nxt = off + 1
+            if nxt is not None and nxt > self._committed.get(part, -1):
+                self._committed[part] = nxt
+                out[part] = nxt
+        return out
+
+    def drop_partition(self, partition: int) -> list[str]:
+        """Forget a revoked partition; returns its unfinished request ids."""
+        batches = self._pending.pop(partition, {})
+        self._committed.pop(partition, None)
+        rids = [rid for ids in batches.values() for rid in ids]
+        for rid in rids:
+            self._owner.pop(rid, None)
+        return rids
+
+    def unfinished(self) -> int:
+        return len(self._owner)

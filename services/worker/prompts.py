@@ -1,0 +1,15 @@
+"""Turns a request's prompt or chat messages into token ids with the model's tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.messages import GenerateRequest
+
+
+def prompt_token_ids(tokenizer: Any, req: GenerateRequest) -> list[int]:
+    if req.messages is not None:
+        msgs = [m.model_dump() for m in req.messages]
+        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(req.prompt or "")["input_ids"])

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import new_prefix
+from tests.integration.harness import Stack, make_stack
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    infra: dict[str, str], model_dir: str, request: pytest.FixtureRequest
+) -> AsyncIterator[Stack]:
+    """One worker, batcher and edge on a fresh topic prefix, shared by a test module."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    st = make_stack(
+        new_prefix(request.module.__name__.rsplit(".", 1)[-1][:12]), infra, model_dir, ARTIFACTS
+    )
+    await st.create_topics()
+    st.start("worker")
+    st.start("batcher")
+    st.start("edge")
+    try:
+        await st.wait_ready()
+        yield st
+    finally:
+        st.stop_all()

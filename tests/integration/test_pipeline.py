@@ -1,0 +1,181 @@
+"""The first vertical slice end to end: HTTP edge → Kafka → batcher → worker → Redis → edge,
+and Kafka producers → … → the completions topic. Real Kafka, Redis and service processes."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import httpx
+import orjson
+import pytest
+import redis.asyncio as aioredis
+import torch
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from shared import token_stream
+from shared.codec import decode, encode
+from shared.messages import Completion, DeadLetter, GenerateRequest, ReplyTarget, SamplingParams
+from tests.integration.harness import Stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+PROMPT = "The function returns a list of"
+
+
+async def sse_events(
+    client: httpx.AsyncClient, url: str, body: dict[str, object]
+) -> list[tuple[int | None, str]]:
+    """(id, data) of every SSE event of one streamed response."""
+    events: list[tuple[int | None, str]] = []
+    async with client.stream("POST", url, json=body) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        event_id = None
+        async for line in resp.aiter_lines():
+            if line.startswith("id: "):
+                event_id = int(line[4:])
+            elif line.startswith("data: "):
+                events.append((event_id, line[6:]))
+                event_id = None
+    return events
+
+
+async def test_streamed_completion_arrives_as_contiguous_events(stack: Stack) -> None:
+    body = {
+        "model": "tokenwire-tiny",
+        "prompt": PROMPT,
+        "max_tokens": 24,
+        "stream": True,
+        "temperature": 0,
+    }
+    async with httpx.AsyncClient(timeout=60) as client:
+        events = await sse_events(client, stack.url() + "/v1/completions", body)
+    assert events[-1] == (None, "[DONE]")
+    chunks = [(i, orjson.loads(d)) for i, d in events[:-1]]
+    assert len(chunks) >= 3
+    assert [i for i, _ in chunks] == list(range(len(chunks)))
+    assert all(c["object"] == "text_completion" for _, c in chunks)
+    assert chunks[-1][1]["choices"][0]["finish_reason"] in ("length", "stop")
+    assert all(c["choices"][0]["finish_reason"] is None for _, c in chunks[:-1])
+
+
+async def test_non_streamed_completion_returns_full_text(stack: Stack) -> None:
+    body = {"model": "tokenwire-tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+    async with httpx.AsyncClient(timeout=60) as client:
+        whole = (await client.post(stack.url() + "/v1/completions", json=body)).json()
+        events = await sse_events(client, stack.url() + "/v1/completions", {**body, "stream": True})
+    streamed = "".join(orjson.loads(d)["choices"][0]["text"] for _, d in events[:-1])
+    assert whole["object"] == "text_completion"
+    assert whole["choices"][0]["text"] == streamed
+    assert whole["usage"]["completion_tokens"] >= 1
+    assert whole["usage"]["prompt_tokens"] >= 1
+
+
+async def _completions(
+    stack: Stack, request_ids: set[str], within_s: float = 60
+) -> dict[str, Completion]:
+    consumer = AIOKafkaConsumer(
+        stack.names.completions,
+        bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"],
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    got: dict[str, Completion] = {}
+    try:
+        deadline = time.monotonic() + within_s
+        while request_ids - got.keys() and time.monotonic() < deadline:
+            for msgs in (await consumer.getmany(timeout_ms=500)).values():
+                for m in msgs:
+                    c = decode(Completion, m.value)
+                    got[c.request_id] = c
+    finally:
+        await consumer.stop()
+    return got
+
+
+async def _produce(stack: Stack, *values: bytes) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"], acks="all")
+    await producer.start()
+    try:
+        for v in values:
+            await producer.send_and_wait(stack.names.requests, v)
+    finally:
+        await producer.stop()
+
+
+def _greedy_request(prompt: str, max_tokens: int, topic: str) -> GenerateRequest:
+    return GenerateRequest(
+        prompt=prompt,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+        stream=False,
+        reply=ReplyTarget(redis=True, kafka_topic=topic),
+    )
+
+
+async def test_kafka_producer_gets_completion_identical_to_hf_generate(
+    stack: Stack, model_dir: str
+) -> None:
+    prompts = ["The function returns", "Return a new list of", "If the argument is"]
+    reqs = [_greedy_request(p, 20, stack.names.completions) for p in prompts]
+    await _produce(stack, *(encode(r) for r in reqs))
+    got = await _completions(stack, {r.request_id for r in reqs})
+    assert got.keys() == {r.request_id for r in reqs}
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    for r in reqs:
+        ids = tok(r.prompt, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            ref = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+        expected = ref[0, ids.shape[1] :].tolist()
+        c = got[r.request_id]
+        assert c.token_ids == expected, r.prompt
+        assert c.text == tok.decode(expected, skip_special_tokens=True)
+        assert c.finish_reason == "length"
+        assert c.usage is not None and c.usage.completion_tokens == 20
+
+
+async def test_bad_messages_go_to_dlq_and_serving_continues(stack: Stack) -> None:
+    bad = [
+        b"\xff\xfe not json",
+        b'{"prompt": 5}',
+        b'{"request_id": "bad-1", "prompt": "x", "sampling": {"max_tokens": -3}}',
+    ]
+    good = _greedy_request("The module", 4, stack.names.completions)
+    await _produce(stack, *bad, encode(good))
+    got = await _completions(stack, {good.request_id})
+    assert good.request_id in got
+
+    consumer = AIOKafkaConsumer(
+        stack.names.requests_dlq,
+        bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"],
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    letters: list[DeadLetter] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(letters) < len(bad) and time.monotonic() < deadline:
+            for msgs in (await consumer.getmany(timeout_ms=500)).values():
+                letters += [decode(DeadLetter, m.value) for m in msgs]
+    finally:
+        await consumer.stop()
+    assert sorted(base64.b64decode(dl.original_b64) for dl in letters) == sorted(bad)
+    reasons = {base64.b64decode(dl.original_b64): dl for dl in letters}
+    assert reasons[bad[0]].reason == "undecodable"
+    assert reasons[bad[1]].reason == "invalid"
+    assert "max_tokens" in reasons[bad[2]].detail
+    assert reasons[bad[2]].request_id == "bad-1"
+    assert all(dl.topic == stack.names.requests and dl.offset >= 0 for dl in letters)
+
+    # The sender whose request id could be read gets an error event on its stream.
+    client = aioredis.Redis.from_url(stack.env["TW_REDIS_URL"])
+    try:
+        events = [
+            ev async for ev in token_stream.follow(client, stack.names, "bad-1", idle_timeout_s=10)
+        ]
+    finally:
+        await client.aclose()
+    assert len(events) == 1 and events[0].error is not None and events[0].error.code == "invalid"
