@@ -9,9 +9,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from shared.settings import CommonSettings, SettingsError
 
@@ -24,14 +24,19 @@ def _setup_logging(level: str) -> None:
     )
 
 
-async def _serve_until_signal(
-    start: Callable[[], Coroutine[Any, Any, None]], stop: Callable[[], None]
-) -> None:
-    """Run a service; SIGTERM or SIGINT asks it to stop gracefully."""
+class _Service(Protocol):
+    async def run(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+async def _serve_until_signal(make: Callable[[], _Service]) -> None:
+    """Build a service inside the event loop and run it; SIGTERM or SIGINT asks it to stop
+    gracefully."""
+    service = make()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    await start()
+        loop.add_signal_handler(sig, service.stop)
+    await service.run()
 
 
 def resolve_model_dir(explicit: str, preset: str = "tiny") -> str:
@@ -70,11 +75,10 @@ def cmd_worker(_: argparse.Namespace) -> None:
             enable_prefix_cache=settings.prefix_cache,
         ),
     )
-    service = WorkerService(settings, engine, tokenizer)
     logging.getLogger("tokenwire.worker").info(
         "worker %s serving %s", settings.worker_id, settings.model_dir
     )
-    asyncio.run(_serve_until_signal(service.run, service.stop))
+    asyncio.run(_serve_until_signal(lambda: WorkerService(settings, engine, tokenizer)))
 
 
 def cmd_batcher(_: argparse.Namespace) -> None:
@@ -83,8 +87,7 @@ def cmd_batcher(_: argparse.Namespace) -> None:
 
     settings = BatcherSettings.from_env()
     _setup_logging(settings.log_level)
-    service = BatcherService(settings)
-    asyncio.run(_serve_until_signal(service.run, service.stop))
+    asyncio.run(_serve_until_signal(lambda: BatcherService(settings)))
 
 
 def cmd_edge(_: argparse.Namespace) -> None:

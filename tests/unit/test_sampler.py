@@ -1,0 +1,147 @@
+"""Per-request sampling: greedy, top-k/top-p filtering, and seeds independent of the batch."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from services.worker.engine.sampler import SamplingConfig, make_generator, sample
+
+CPU = torch.device("cpu")
+VOCAB = 50
+
+
+def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, VOCAB, generator=gen) * 3.0
+
+
+def draws(logits: torch.Tensor, cfg: SamplingConfig, n: int) -> Counter[int]:
+    """``n`` samples of one row with one seeded generator (one row per draw)."""
+    gen = make_generator(cfg.seed, CPU)
+    rows = logits.expand(n, -1)
+    return Counter(sample(rows, [cfg] * n, [gen] * n))
+
+
+def test_greedy_is_argmax() -> None:
+    logits = random_logits(8)
+    out = sample(logits, [SamplingConfig()] * 8, [None] * 8)
+    assert out == logits.argmax(dim=-1).tolist()
+    assert all(isinstance(t, int) for t in out)
+
+
+def test_greedy_rows_ignore_top_k_top_p_and_seed() -> None:
+    logits = random_logits(3)
+    cfgs = [SamplingConfig(temperature=0.0, top_k=5, top_p=0.5, seed=1)] * 3
+    assert sample(logits, cfgs, [None] * 3) == logits.argmax(dim=-1).tolist()
+
+
+def test_half_precision_logits() -> None:
+    logits = random_logits(4).to(torch.bfloat16)
+    out = sample(logits, [SamplingConfig()] * 4, [None] * 4)
+    assert out == logits.float().argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_top_k_one_equals_greedy(seed: int) -> None:
+    logits = random_logits(6, seed)
+    cfgs = [SamplingConfig(temperature=1.5, top_k=1, seed=seed + i) for i in range(6)]
+    gens = [make_generator(c.seed, CPU) for c in cfgs]
+    assert sample(logits, cfgs, gens) == logits.argmax(dim=-1).tolist()
+
+
+def test_tiny_top_p_keeps_only_the_top_token() -> None:
+    logits = random_logits(6, 3)
+    cfgs = [SamplingConfig(temperature=2.0, top_p=1e-6, seed=i) for i in range(6)]
+    gens = [make_generator(c.seed, CPU) for c in cfgs]
+    for _ in range(20):
+        assert sample(logits, cfgs, gens) == logits.argmax(dim=-1).tolist()
+
+
+def test_top_k_never_picks_outside_the_k_best() -> None:
+    logits = random_logits(1, 4)[0]
+    best = set(logits.topk(3).indices.tolist())
+    got = draws(logits, SamplingConfig(temperature=5.0, top_k=3, seed=11), 500)
+    assert set(got) <= best
+    assert len(got) == 3  # a hot temperature reaches all three
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    got = draws(logits, SamplingConfig(temperature=1.0, top_p=0.75, seed=5), 4000)
+    assert set(got) == {0, 1}  # 0.5 < 0.75 <= 0.5 + 0.3
+    assert got[0] / 4000 == pytest.approx(0.5 / 0.8, abs=0.03)
+
+
+def test_temperature_sampling_follows_the_distribution() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    got = draws(torch.log(probs), SamplingConfig(temperature=1.0, seed=1234), 4000)
+    for token, p in enumerate(probs.tolist()):
+        assert got[token] / 4000 == pytest.approx(p, abs=0.03)  # ~4 standard deviations
+
+
+def test_temperature_sharpens_and_flattens() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+    cold = draws(logits, SamplingConfig(temperature=0.05, seed=3), 1000)
+    assert cold[0] / 1000 > 0.99
+    hot = draws(logits, SamplingConfig(temperature=100.0, seed=3), 3000)
+    for token in range(3):
+        assert hot[token] / 3000 == pytest.approx(1 / 3, abs=0.035)
+    # Expected share at T=2: proportional to sqrt(p).
+    warm = draws(logits, SamplingConfig(temperature=2.0, seed=3), 4000)
+    roots = [math.sqrt(p) for p in (0.5, 0.3, 0.2)]
+    assert warm[2] / 4000 == pytest.approx(roots[2] / sum(roots), abs=0.03)
+
+
+def test_make_generator() -> None:
+    assert make_generator(None, CPU) is None
+    a, b = make_generator(42, CPU), make_generator(42, CPU)
+    assert a is not None and b is not None
+    assert torch.equal(torch.rand(5, generator=a), torch.rand(5, generator=b))
+
+
+def test_the_same_seed_repeats_itself() -> None:
+    logits = random_logits(1, 9).expand(64, -1)
+    cfg = SamplingConfig(temperature=1.0, top_p=0.95, seed=77)
+    first = sample(logits, [cfg] * 64, [make_generator(77, CPU)] * 64)
+    again = sample(logits, [cfg] * 64, [make_generator(77, CPU)] * 64)
+    assert first == again
+    assert len(set(first)) > 1
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        SamplingConfig(temperature=1.0, seed=2024),
+        SamplingConfig(temperature=0.8, top_p=0.9, seed=2024),
+        SamplingConfig(temperature=1.3, top_k=10, seed=2024),
+    ],
+)
+def test_a_seeded_row_draws_the_same_alone_or_in_a_mixed_batch(target: SamplingConfig) -> None:
+    steps = 25
+    target_logits = random_logits(steps, 100)  # one row of logits per decode step
+
+    gen = make_generator(target.seed, CPU)
+    alone = [sample(target_logits[s : s + 1], [target], [gen])[0] for s in range(steps)]
+
+    others = [
+        SamplingConfig(),
+        SamplingConfig(temperature=0.7),
+        SamplingConfig(temperature=1.0, top_k=3, seed=1),
+        SamplingConfig(temperature=2.0, top_p=0.5, seed=2),
+        SamplingConfig(temperature=0.5, top_k=20, top_p=0.8),
+    ]
+    neighbours = [others[i % len(others)] for i in range(15)]
+    cfgs = [*neighbours[:7], target, *neighbours[7:]]
+    gens = [make_generator(c.seed, CPU) if c.temperature > 0 else None for c in cfgs]
+    noise = random_logits(steps * 16, 200).view(steps, 16, VOCAB)
+    mixed = []
+    for s in range(steps):
+        batch = noise[s].clone()
+        batch[7] = target_logits[s]
+        mixed.append(sample(batch, cfgs, gens)[7])
+    assert mixed == alone
+    assert len(set(alone)) > 1  # the check is not trivially about a constant
