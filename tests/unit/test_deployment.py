@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,6 +24,9 @@ def test_docker_compose_validates() -> None:
 
 
 def test_compose_runs_every_service() -> None:
-    text = (ROOT / "docker-compose.yml").read_text()
-    for command in ("tokenwire edge", "tokenwire batcher", "tokenwire worker", "tokenwire topics create"):
-        assert command in text
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    commands = {" ".join(s["command"]) for s in services.values() if "command" in s}
+    assert {"tokenwire edge", "tokenwire batcher", "tokenwire worker", "tokenwire topics create"} <= commands
+    assert {"kafka", "redis"} <= services.keys()
+    gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert "gpu" in gpu["capabilities"]
