@@ -145,6 +145,29 @@ def cmd_ask(args: argparse.Namespace) -> None:
         )
 
 
+def cmd_bench_engine(args: argparse.Namespace) -> None:
+    import torch
+
+    from services.bench.engine_bench import BenchConfig, run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_dir = args.model_dir or resolve_model_dir("", args.preset)
+    cfg = BenchConfig()
+    if args.quick:  # a smoke configuration: proves the command works, measures little
+        cfg = BenchConfig(
+            concurrencies=(1, 4),
+            prompt_len=16,
+            new_tokens=8,
+            serial_requests=1,
+            prefix_len=64,
+            suffix_len=8,
+            prefix_requests=4,
+            prefix_new_tokens=4,
+        )
+    run(model_dir, cfg, Path(args.out) if args.out else None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -168,6 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("schema", help="export JSON Schema of every wire message")
     s.add_argument("--check", action="store_true", help="fail if the committed schemas are stale")
     s.set_defaults(fn=cmd_schema)
+    b = sub.add_parser("bench", help="benchmarks (ratios against same-run baselines)")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    be = bsub.add_parser("engine", help="the decode engine vs Hugging Face generate")
+    be.add_argument("--preset", default="small")
+    be.add_argument("--model-dir", default="")
+    be.add_argument("--threads", type=int, default=0)
+    be.add_argument("--quick", action="store_true")
+    be.add_argument("--out", default="reports/bench_engine.json")
+    be.set_defaults(fn=cmd_bench_engine)
     a = sub.add_parser("ask", help="stream a completion from an edge and print it")
     a.add_argument("prompt")
     a.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('TW_EDGE_PORT', '8000')}")

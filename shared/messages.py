@@ -32,7 +32,7 @@ def new_seed() -> int:
 
 
 class Wire(BaseModel):
-    """Base of all wire messages: unknown fields are rejected, values are not coerced."""
+    """Base of all wire messages: unknown fields are rejected (a typo never passes silently)."""
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=False)
 

@@ -46,9 +46,10 @@ class BatcherService:
             group_id=self.names.batcher_group,
             client_id=settings.batcher_id,
         )
-        self.pending: list[GenerateRequest] = []
+        self.pending: list[tuple[TopicPartition, int, GenerateRequest]] = []
         self.opened_at = 0.0
-        self._handled: dict[TopicPartition, int] = {}  # next offset to commit
+        self._consumed: dict[TopicPartition, int] = {}  # offset after the last one read
+        self._committed: dict[TopicPartition, int] = {}
         self._workers: list[WorkerHeartbeat] = []
         self._workers_at = 0.0
         self._stopping = asyncio.Event()
@@ -84,8 +85,8 @@ class BatcherService:
                 else:
                     if not self.pending:
                         self.opened_at = now
-                    self.pending.append(req)
-                self._handled[tp] = msg.offset + 1
+                    self.pending.append((tp, msg.offset, req))
+                self._consumed[tp] = msg.offset + 1
         if dead:
             await self._dead_letter(dead)
         workers = await self._load_workers()
@@ -93,8 +94,8 @@ class BatcherService:
         free = target.free_slots if target else None
         if self.policy.should_dispatch(len(self.pending), self.opened_at, time.time(), free):
             await self._dispatch(target)
-        elif not self.pending and self._handled:
-            await self._commit()  # only dead letters this round
+        elif dead:
+            await self._commit()
 
     def _parse(self, msg: ConsumerRecord[Any, Any]) -> GenerateRequest | DecodeError:
         """The request with its seed fixed at ingestion, or why it is not one."""
@@ -149,7 +150,10 @@ class BatcherService:
         return workers
 
     async def _dispatch(self, target: WorkerHeartbeat | None = None) -> None:
-        reqs, self.pending = self.pending, []
+        cap = self.policy.max_requests
+        taken, self.pending = self.pending[:cap], self.pending[cap:]
+        self.opened_at = time.time()  # what is left opens the next window
+        reqs = [req for _, _, req in taken]
         batch = Batch(batcher_id=self.settings.batcher_id, requests=reqs)
         num = len(await self.producer.partitions_for(self.names.batches))
         partition = pick_partition(target, batch.batch_id, num)
@@ -161,9 +165,15 @@ class BatcherService:
         await self._commit()
 
     async def _commit(self) -> None:
-        if self._handled:
-            offsets, self._handled = dict(self._handled), {}
-            await self.consumer.commit(offsets)
+        """Commit, per partition, up to the first record not yet safely handed off."""
+        floor: dict[TopicPartition, int] = {}
+        for tp, off, _ in self.pending:
+            floor[tp] = min(floor.get(tp, off), off)
+        offsets = {tp: floor.get(tp, nxt) for tp, nxt in self._consumed.items()}
+        changed = {tp: o for tp, o in offsets.items() if self._committed.get(tp) != o}
+        if changed:
+            await self.consumer.commit(changed)
+            self._committed.update(changed)
 
 
 def _salvage_request_id(value: bytes | None) -> str | None:

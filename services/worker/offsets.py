@@ -12,19 +12,19 @@ from dataclasses import dataclass, field
 @dataclass
 class OffsetTracker:
     _pending: dict[int, dict[int, set[str]]] = field(default_factory=lambda: defaultdict(dict))
-    _owner: dict[str, tuple[int, int]] = field(default_factory=dict)
+    _owner: dict[str, set[tuple[int, int]]] = field(default_factory=lambda: defaultdict(set))
     _committed: dict[int, int] = field(default_factory=dict)
 
     def add(self, partition: int, offset: int, request_ids: list[str]) -> None:
         """A batch arrived; ``request_ids`` are the requests still to finish in it."""
         self._pending[partition][offset] = set(request_ids)
         for rid in request_ids:
-            self._owner[rid] = (partition, offset)
+            # The same id may sit in two batches (a batcher re-sent after a crash).
+            self._owner[rid].add((partition, offset))
 
     def done(self, request_id: str) -> None:
-        where = self._owner.pop(request_id, None)
-        if where is not None:
-            self._pending[where[0]][where[1]].discard(request_id)
+        for part, off in self._owner.pop(request_id, ()):
+            self._pending[part][off].discard(request_id)
 
     def committable(self) -> dict[int, int]:
         """Partition → next offset to commit, for partitions whose position advanced."""
@@ -45,9 +45,12 @@ class OffsetTracker:
         """Forget a revoked partition; returns its unfinished request ids."""
         batches = self._pending.pop(partition, {})
         self._committed.pop(partition, None)
-        rids = [rid for ids in batches.values() for rid in ids]
+        rids = sorted({rid for ids in batches.values() for rid in ids})
         for rid in rids:
-            self._owner.pop(rid, None)
+            places = self._owner.get(rid, set())
+            places -= {(partition, off) for off in batches}
+            if not places:
+                self._owner.pop(rid, None)
         return rids
 
     def unfinished(self) -> int:

@@ -161,6 +161,7 @@ class KVCacheManager:
                 block.hash, block.tokens = h, chunk
                 self._by_hash[h] = block.block_id
             parent = h
+        self.stats.cached_blocks = len(self._by_hash)
 
     def free(self, seq_id: str) -> None:
         """Release the sequence's blocks; full ones stay cached until evicted."""

@@ -83,25 +83,35 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         budget = self.config.max_step_tokens
-        # Running sequences, oldest first, so preemption takes from the young end.
         self.running.sort(key=lambda s: s.sort_key)
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_uncomputed, budget, self.config.prefill_chunk)
-            while not self.kv.can_allocate(seq.request_id, seq.all_ids, seq.num_computed + n):
-                victim = self.running[-1]
-                self._preempt(victim, plan)
-                if victim is seq:
-                    break
+        # Decodes first, one token each, so running streams never stall behind prefills;
+        # prefill chunks share what is left of the step's token budget.
+        decoding = [s for s in self.running if not s.in_prefill]
+        prefilling = [s for s in self.running if s.in_prefill]
+        for seq in decoding + prefilling:
+            if budget <= 0:
+                break
             if seq.status is not Status.RUNNING:
-                break  # it preempted itself: nothing younger is left to run
-            self.kv.allocate(seq.request_id, seq.all_ids, seq.num_computed + n)
-            plan.work.append(Work(seq, n))
-            budget -= n
-            i += 1
+                continue  # preempted earlier in this step
+            n = min(seq.num_uncomputed, budget, self.config.prefill_chunk)
+            if self._reserve(seq, n, plan):
+                plan.work.append(Work(seq, n))
+            # A preempted sequence's planned tokens go back to the budget.
+            budget = self.config.max_step_tokens - sum(w.num_tokens for w in plan.work)
         self._admit(plan, budget)
         return plan
+
+    def _reserve(self, seq: SeqState, n: int, plan: StepPlan) -> bool:
+        """Make room for ``n`` more tokens of ``seq``, preempting the lowest-priority, most
+        recent running sequences (possibly ``seq`` itself) while memory is short."""
+        while not self.kv.can_allocate(seq.request_id, seq.all_ids, seq.num_computed + n):
+            victim = max(self.running, key=lambda s: s.sort_key)
+            plan.work = [w for w in plan.work if w.seq is not victim]
+            self._preempt(victim, plan)
+            if victim is seq:
+                return False
+        self.kv.allocate(seq.request_id, seq.all_ids, seq.num_computed + n)
+        return True
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:

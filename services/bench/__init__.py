@@ -1,0 +1,1 @@
+"""Benchmarks that print ratios against baselines measured in the same run."""

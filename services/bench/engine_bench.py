@@ -1,0 +1,245 @@
+"""``tokenwire bench engine``: the decode engine against Hugging Face baselines, same run.
+
+Rows: tokens/s at several concurrencies (fixed prompt and output lengths, greedy, EOS
+ignored) for ``generate`` one request at a time, ``generate`` on static batches,
+transformers' continuous batching (``generate_batch``) and this engine; the engine's TTFT;
+and a shared-prefix workload with the prefix cache on and off.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
+
+
+@dataclass
+class BenchConfig:
+    concurrencies: tuple[int, ...] = (1, 8, 32)
+    prompt_len: int = 128
+    new_tokens: int = 128
+    serial_requests: int = 2  # one-at-a-time generate is slow: a rate from a few requests
+    prefix_len: int = 512
+    suffix_len: int = 32
+    prefix_requests: int = 16
+    prefix_new_tokens: int = 32
+    with_generate_batch: bool = True
+    seed: int = 0
+
+
+@dataclass
+class Report:
+    model: str
+    params_m: float
+    threads: int
+    config: dict[str, Any]
+    throughput: list[dict[str, Any]] = field(default_factory=list)
+    prefix: dict[str, Any] = field(default_factory=dict)
+
+
+def _prompts(
+    n: int, length: int, vocab: int, rng: random.Random, prefix: list[int] | None = None
+) -> list[list[int]]:
+    head = prefix or []
+    return [head + [rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def hf_serial(model: Any, prompts: list[list[int]], new: int) -> float:
+    """tokens/s of ``generate`` one request at a time."""
+
+    def run() -> None:
+        for p in prompts:
+            model.generate(
+                torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False
+            )
+
+    return len(prompts) * new / _timed(run)
+
+
+def hf_static(model: Any, prompts: list[list[int]], new: int) -> float:
+    """tokens/s of ``generate`` on one static batch (equal-length prompts: no padding)."""
+    ids = torch.tensor(prompts)
+    secs = _timed(
+        lambda: model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+        )
+    )
+    return len(prompts) * new / secs
+
+
+def hf_generate_batch(
+    model: Any, prompts: list[list[int]], new: int, kv_tokens: int
+) -> float | None:
+    """tokens/s of transformers' continuous batching, its cache sized like ours."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    gen = GenerationConfig(
+        max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0
+    )
+    cb = ContinuousBatchingConfig(block_size=16, num_blocks=kv_tokens // 16, max_batch_tokens=1024)
+    try:
+        secs = _timed(
+            lambda: model.generate_batch(
+                prompts, generation_config=gen, continuous_batching_config=cb, warmup=False
+            )
+        )
+    except Exception as exc:  # report, don't fail the whole benchmark
+        print(f"generate_batch unavailable here: {type(exc).__name__}: {exc}")
+        return None
+    return len(prompts) * new / secs
+
+
+def engine_run(
+    model: Any, tok: Any, prompts: list[list[int]], new: int, cfg: EngineConfig
+) -> tuple[float, list[float]]:
+    """tokens/s and per-request TTFT (s) with all prompts submitted at once."""
+    engine = Engine(model, tok, cfg)
+    t0 = time.perf_counter()
+    for i, p in enumerate(prompts):
+        engine.add_request(EngineRequest(f"r{i}", p, max_tokens=new, ignore_eos=True))
+    first: dict[str, float] = {}
+    produced = 0
+    while engine.has_work:
+        for out in engine.step():
+            produced += len(out.token_ids)
+            first.setdefault(out.request_id, time.perf_counter() - t0)
+    return produced / (time.perf_counter() - t0), list(first.values())
+
+
+def engine_sequential_ttft(
+    model: Any, tok: Any, prompts: list[list[int]], cfg: EngineConfig, warm: list[int]
+) -> list[float]:
+    """TTFT of requests arriving one at a time after ``warm`` was served (fills the prefix cache)."""
+    engine = Engine(model, tok, cfg)
+    engine.add_request(EngineRequest("warm", warm, max_tokens=1))
+    engine.run_until_idle()
+    ttfts = []
+    for i, p in enumerate(prompts):
+        engine.add_request(EngineRequest(f"s{i}", p, max_tokens=1, ignore_eos=True))
+        t0 = time.perf_counter()
+        engine.run_until_idle()
+        ttfts.append(time.perf_counter() - t0)
+    return ttfts
+
+
+def run(model_dir: str, cfg: BenchConfig, out: Path | None) -> Report:
+    from services.worker.loader import load_model
+
+    model, tok = load_model(model_dir, "auto", "auto")
+    vocab = model.config.vocab_size
+    rng = random.Random(cfg.seed)
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    rep = Report(model_dir, round(params, 1), torch.get_num_threads(), asdict(cfg))
+    max_c = max(cfg.concurrencies)
+    kv_tokens = max_c * (cfg.prompt_len + cfg.new_tokens) + 1024
+    ecfg = EngineConfig(
+        kv_budget_tokens=kv_tokens,
+        max_running=max(64, max_c),
+        max_step_tokens=1024,
+        prefill_chunk=512,
+    )
+
+    warm = _prompts(2, 16, vocab, rng)
+    engine_run(model, tok, warm, 4, ecfg)  # first-call costs out of the way
+    hf_serial(model, warm[:1], 4)
+
+    serial = hf_serial(
+        model, _prompts(cfg.serial_requests, cfg.prompt_len, vocab, rng), cfg.new_tokens
+    )
+    print(f"generate one at a time: {serial:,.0f} tok/s")
+    for c in cfg.concurrencies:
+        prompts = _prompts(c, cfg.prompt_len, vocab, rng)
+        static = hf_static(model, prompts, cfg.new_tokens)
+        cb = (
+            hf_generate_batch(model, prompts, cfg.new_tokens, kv_tokens)
+            if cfg.with_generate_batch
+            else None
+        )
+        ours, ttft = engine_run(model, tok, prompts, cfg.new_tokens, ecfg)
+        row = {
+            "concurrency": c,
+            "hf_generate_serial_tok_s": serial,
+            "hf_generate_static_tok_s": static,
+            "hf_generate_batch_tok_s": cb,
+            "engine_tok_s": ours,
+            "engine_vs_serial": ours / serial,
+            "engine_vs_generate_batch": ours / cb if cb else None,
+            "engine_ttft_p50_ms": 1000 * statistics.median(ttft),
+            "engine_ttft_p99_ms": 1000 * _pct(ttft, 0.99),
+        }
+        rep.throughput.append(row)
+        print(json.dumps(row))
+
+    prefix = [rng.randrange(3, vocab) for _ in range(cfg.prefix_len)]
+    shared = _prompts(cfg.prefix_requests, cfg.suffix_len, vocab, rng, prefix)
+    warm_req = prefix + [rng.randrange(3, vocab) for _ in range(cfg.suffix_len)]
+    for on in (True, False):
+        pc = EngineConfig(
+            **{**asdict(ecfg), "enable_prefix_cache": on, "kv_budget_tokens": 64 * 1024}
+        )
+        ttft = engine_sequential_ttft(model, tok, shared[:8], pc, warm_req)
+        tps, _ = engine_run(model, tok, shared, cfg.prefix_new_tokens, pc)
+        key = "cache_on" if on else "cache_off"
+        rep.prefix[key] = {"ttft_p50_ms": 1000 * statistics.median(ttft), "tok_s": tps}
+    rep.prefix["ttft_ratio_on_vs_off"] = (
+        rep.prefix["cache_on"]["ttft_p50_ms"] / rep.prefix["cache_off"]["ttft_p50_ms"]
+    )
+    rep.prefix["tok_s_ratio_on_vs_off"] = (
+        rep.prefix["cache_on"]["tok_s"] / rep.prefix["cache_off"]["tok_s"]
+    )
+    print(json.dumps(rep.prefix))
+    print_table(rep)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(asdict(rep), indent=2))
+        print(f"wrote {out}")
+    return rep
+
+
+def print_table(rep: Report) -> None:
+    def f(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:,.0f}"
+
+    print(f"\nengine benchmark — {rep.model} ({rep.params_m}M params, {rep.threads} threads)")
+    print(
+        "| concurrency | generate 1-at-a-time | generate static batch | generate_batch (CB) | this engine | vs 1-at-a-time | vs generate_batch | TTFT p50 / p99 ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rep.throughput:
+        vs_cb = f"{r['engine_vs_generate_batch']:.2f}x" if r["engine_vs_generate_batch"] else "n/a"
+        print(
+            f"| {r['concurrency']} | {f(r['hf_generate_serial_tok_s'])} | {f(r['hf_generate_static_tok_s'])} | "
+            f"{f(r['hf_generate_batch_tok_s'])} | {f(r['engine_tok_s'])} | {r['engine_vs_serial']:.1f}x | {vs_cb} | "
+            f"{r['engine_ttft_p50_ms']:.0f} / {r['engine_ttft_p99_ms']:.0f} |"
+        )
+    p = rep.prefix
+    print(
+        f"\nshared prefix ({rep.config['prefix_len']} + {rep.config['suffix_len']} tokens): TTFT p50 "
+        f"{p['cache_on']['ttft_p50_ms']:.1f} ms cached vs {p['cache_off']['ttft_p50_ms']:.1f} ms uncached "
+        f"({100 * p['ttft_ratio_on_vs_off']:.0f}%); {f(p['cache_on']['tok_s'])} vs {f(p['cache_off']['tok_s'])} tok/s"
+    )
