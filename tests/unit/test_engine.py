@@ -151,9 +151,9 @@ def test_cancel_frees_blocks_but_keeps_the_shared_prefix_cached(lm: tuple[Any, A
     rng = random.Random(5)
     prefix = random_ids(rng, 64, model.config.vocab_size)
     engine = Engine(model, tok, EngineConfig(kv_budget_tokens=4096))
-    engine.add_request(EngineRequest("warm", prefix + [5], max_tokens=1))
+    engine.add_request(EngineRequest("warm", [*prefix, 5], max_tokens=1))
     engine.run_until_idle()
-    engine.add_request(EngineRequest("long", prefix + [7, 8, 9], max_tokens=100, ignore_eos=True))
+    engine.add_request(EngineRequest("long", [*prefix, 7, 8, 9], max_tokens=100, ignore_eos=True))
     for _ in range(5):
         engine.step()
     assert engine.stats.running == 1
@@ -161,7 +161,7 @@ def test_cancel_frees_blocks_but_keeps_the_shared_prefix_cached(lm: tuple[Any, A
     outs = engine.step()
     assert [o.finish for o in outs if o.request_id == "long"] == [Status.FINISHED_ABORTED]
     assert engine.stats.running == 0 and engine.stats.kv_used_blocks == 0
-    assert engine.kv.cached_prefix_blocks(prefix + [1]) != []  # the prefix is still cached
+    assert engine.kv.cached_prefix_blocks([*prefix, 1]) != []  # the prefix is still cached
 
 
 def test_stop_strings_eos_and_multibyte_text(lm: tuple[Any, Any]) -> None:
