@@ -103,7 +103,9 @@ class Engine:
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size)
         self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = tokenizer.eos_token_id
         self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}

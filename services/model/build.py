@@ -1,0 +1,269 @@
+"""Build (once) and locate the embedded default model: :func:`ensure_model`.
+
+A build is deterministic: the corpus is the local standard library's docstrings, the
+tokenizer and weights are seeded, and training runs a fixed number of steps. The result is a
+plain Hugging Face folder (``config.json``, ``model.safetensors``, ``tokenizer.json``, ...)
+loadable with ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained``, plus
+``build_info.json`` describing how it was made.
+
+Heavy imports (torch, transformers) happen only when a build actually runs, so asking for an
+already built model is cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from services.model.presets import ModelPreset, get_preset
+
+# Bump whenever the recipe (corpus, tokenizer, architecture, training) changes: the folder
+# name includes it, so existing caches are rebuilt instead of silently reused.
+BUILD_VERSION = "1"
+
+INFO_FILE = "build_info.json"
+SAMPLE_PROMPT = "The function returns"
+SAMPLE_QUESTION = "What does json.dumps do?"
+
+
+def model_dir_name(preset: str) -> str:
+    """Folder name (inside the cache dir) of ``preset`` built by this BUILD_VERSION."""
+    return f"{preset}-v{BUILD_VERSION}"
+
+
+def default_cache_dir() -> Path:
+    """``$TOKENWIRE_CACHE/models``, defaulting to ``~/.cache/tokenwire/models``."""
+    root = os.environ.get("TOKENWIRE_CACHE") or Path.home() / ".cache" / "tokenwire"
+    return Path(root) / "models"
+
+
+def is_ready(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished build (its info file is written last)."""
+    return (folder / INFO_FILE).is_file()
+
+
+def read_build_info(folder: Path) -> dict[str, Any]:
+    """Return the ``build_info.json`` of a finished build."""
+    with (folder / INFO_FILE).open(encoding="utf-8") as handle:
+        info: dict[str, Any] = json.load(handle)
+    return info
+
+
+def ensure_model(
+    preset: str,
+    cache_dir: Path,
+    *,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Return the folder of a ready model for ``preset``, building it only when missing.
+
+    The build goes to a temporary folder next to the final one and is renamed into place at
+    the end, so an interrupted build never leaves a half-written model behind. A lock file
+    serialises concurrent callers (several processes starting at once build only once).
+    ``force=True`` rebuilds even if a finished build exists.
+    """
+    spec = get_preset(preset)
+    cache_dir = Path(cache_dir)
+    name = model_dir_name(spec.name)
+    final = cache_dir / name
+    if not force and is_ready(final):
+        log(f"[model] {spec.name}: using {final}")
+        return final
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(cache_dir / f".{name}.lock"):
+        if not force and is_ready(final):  # another process finished it while we waited
+            log(f"[model] {spec.name}: using {final} (built by another process)")
+            return final
+        _remove_leftovers(cache_dir, name)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir))
+        try:
+            log(f"[model] {spec.name}: building into {final} (recipe v{BUILD_VERSION})")
+            build_model(spec, tmp, log=log)
+            tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is ordinary data
+            _install(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path) -> Iterator[None]:
+    # flock is released by the kernel if the process dies, so a crash never wedges builds.
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_leftovers(cache_dir: Path, name: str) -> None:
+    # Only called under the lock, so any temp folder found belongs to a dead build.
+    for pattern in (f".{name}.tmp-*", f".{name}.old-*"):
+        for leftover in sorted(cache_dir.glob(pattern)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """Move the finished build into place, replacing (with ``force``) an older one."""
+    if final.exists():
+        # os.replace cannot overwrite a non-empty directory: move the old one aside first.
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+def build_model(
+    spec: ModelPreset, out_dir: Path, *, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Run the whole recipe for ``spec`` and write the model into ``out_dir``.
+
+    Returns the build info (also written to ``build_info.json``, last): sizes, timings,
+    final loss and sample generations. The caller's torch RNG state is left untouched.
+    """
+    import torch  # imported here: it costs seconds, and only a build needs it
+
+    # The recipe seeds torch's global RNG; fork it so a server calling this is unaffected.
+    with torch.random.fork_rng(devices=[]):
+        return _build(spec, out_dir, log)
+
+
+def _build(spec: ModelPreset, out_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    import tokenizers
+    import torch
+    import transformers
+
+    from services.model.corpus import build_corpus
+    from services.model.tokenizer import train_tokenizer, wrap_tokenizer
+    from services.model.train import (
+        available_cpus,
+        make_model,
+        pack_documents,
+        parameter_count,
+        train,
+    )
+
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    mark = time.perf_counter()
+    docs = build_corpus(spec.corpus_bytes)
+    corpus_bytes = sum(len(doc.encode("utf-8")) for doc in docs)
+    timings["corpus_s"] = time.perf_counter() - mark
+    log(f"[model] {spec.name}: corpus {len(docs)} documents, {corpus_bytes / 1e6:.2f} MB")
+
+    mark = time.perf_counter()
+    backend = train_tokenizer(docs, spec.vocab_size)
+    if backend.get_vocab_size() > spec.vocab_size:  # the trainer treats it as an upper bound
+        raise RuntimeError(f"tokenizer has {backend.get_vocab_size()} > {spec.vocab_size} tokens")
+    tokenizer = wrap_tokenizer(backend, spec.max_positions)
+    eot_id = tokenizer.eos_token_id
+    assert eot_id is not None
+    timings["tokenizer_s"] = time.perf_counter() - mark
+    log(f"[model] {spec.name}: tokenizer {backend.get_vocab_size()} tokens")
+
+    model = make_model(spec, eot_id)
+    params = parameter_count(model)
+    log(f"[model] {spec.name}: {params:,} parameters")
+
+    info: dict[str, Any] = {
+        "preset": spec.name,
+        "build_version": BUILD_VERSION,
+        "parameters": params,
+        "tokenizer_vocab": backend.get_vocab_size(),
+        "corpus_docs": len(docs),
+        "corpus_bytes": corpus_bytes,
+        "train_steps": spec.train_steps,
+    }
+    if spec.trained:
+        mark = time.perf_counter()
+        data = pack_documents(docs, backend, spec.seq_len, eot_id)
+        timings["pack_s"] = time.perf_counter() - mark
+        threads = available_cpus()
+        log(
+            f"[model] {spec.name}: training {spec.train_steps} steps on {data.numel():,} tokens, "
+            f"batch {spec.batch_size}x{spec.seq_len}, {threads} threads"
+        )
+        result = train(model, data, spec, log, threads=threads)
+        timings["train_s"] = result.seconds
+        info.update(
+            corpus_tokens=data.numel(),
+            train_threads=threads,
+            first_loss=result.losses[0],
+            final_loss=result.final_loss,
+        )
+        log(f"[model] {spec.name}: final loss {result.final_loss:.3f} in {result.seconds:.1f}s")
+
+    mark = time.perf_counter()
+    info["samples"] = _samples(model, tokenizer, spec.seed)
+    timings["sample_s"] = time.perf_counter() - mark
+    for kind, text in info["samples"].items():
+        log(f"[model] {spec.name}: {kind}: {text!r}")
+
+    with _quiet_progress_bars():
+        model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    for path in out_dir.iterdir():
+        path.chmod(0o644)  # the safetensors file is written owner-only; it is not a secret
+    timings["total_s"] = time.perf_counter() - started
+    info["timings"] = {key: round(value, 2) for key, value in timings.items()}
+    info["versions"] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+    }
+    # Written last: its presence is what marks the folder as a finished build.
+    (out_dir / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    log(f"[model] {spec.name}: built in {timings['total_s']:.1f}s")
+    return info
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars() -> Iterator[None]:
+    """Hide transformers' "Writing model shards" bar (it would garble the build log)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _samples(model: Any, tokenizer: Any, seed: int, max_new_tokens: int = 32) -> dict[str, str]:
+    """Greedy, sampled and chat continuations, recorded so a build's quality is visible."""
+    import torch
+
+    def run(prompt_ids: Any, **options: Any) -> str:
+        with torch.no_grad():
+            out = model.generate(**prompt_ids, max_new_tokens=max_new_tokens, **options)
+        new = out[0, prompt_ids["input_ids"].shape[1] :]
+        return str(tokenizer.decode(new, skip_special_tokens=True))
+
+    plain = tokenizer(SAMPLE_PROMPT, return_tensors="pt")
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": SAMPLE_QUESTION}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+    )  # transformers 5 returns a BatchEncoding (dict) here by default
+    greedy = SAMPLE_PROMPT + run(plain, do_sample=False)
+    torch.manual_seed(seed)
+    sampled = SAMPLE_PROMPT + run(plain, do_sample=True, temperature=0.8, top_k=40)
+    return {"greedy": greedy, "sampled": sampled, "chat": run(chat, do_sample=False)}

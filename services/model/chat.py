@@ -1,0 +1,61 @@
+"""The chat format shared by the tokenizer's Jinja template and the training corpus.
+
+A conversation renders as ``<|system|>\\n...\\n<|user|>\\n...\\n<|assistant|>\\n``. The role
+markers are special tokens (one id each, never split or merged by BPE), and the trained
+models end an assistant reply with ``<|endoftext|>`` because the corpus teaches them to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+EOT = "<|endoftext|>"
+SYSTEM = "<|system|>"
+USER = "<|user|>"
+ASSISTANT = "<|assistant|>"
+
+# Roles accepted by the template and the marker each one renders as. "developer" is the
+# OpenAI name for a system message, so clients speaking that dialect work unchanged.
+ROLE_MARKERS: dict[str, str] = {
+    "system": SYSTEM,
+    "developer": SYSTEM,
+    "user": USER,
+    "assistant": ASSISTANT,
+}
+
+# Each marker is a string literal in the template (not built as '<|' + role + '|>') so that
+# transformers' `sanitize_control_tokens=True` can recognise them as the control tokens.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' or message['role'] == 'developer' -%}"
+    "{{ '<|system|>\n' }}"
+    "{%- elif message['role'] == 'user' -%}"
+    "{{ '<|user|>\n' }}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{ '<|assistant|>\n' }}"
+    "{%- else -%}"
+    "{{ raise_exception('unsupported chat role: ' ~ message['role']) }}"
+    "{%- endif -%}"
+    "{{ message['content'] ~ '\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{ '<|assistant|>\n' }}"
+    "{%- endif -%}"
+)
+
+
+def render_chat(messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool) -> str:
+    """Render ``messages`` exactly as :data:`CHAT_TEMPLATE` does, without Jinja.
+
+    Used to write the chat examples of the training corpus, so that the model sees the very
+    format the serving path produces; the unit test checks the two agree.
+    """
+    parts: list[str] = []
+    for message in messages:
+        role = message["role"]
+        if role not in ROLE_MARKERS:
+            raise ValueError(f"unsupported chat role: {role}")
+        parts.append(f"{ROLE_MARKERS[role]}\n{message['content']}\n")
+    if add_generation_prompt:
+        parts.append(f"{ASSISTANT}\n")
+    return "".join(parts)
