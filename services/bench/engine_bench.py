@@ -69,9 +69,7 @@ def hf_serial(model: Any, prompts: list[list[int]], new: int) -> float:
 
     def run() -> None:
         for p in prompts:
-            model.generate(
-                torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False
-            )
+            model.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False, eos_token_id=[])
 
     return len(prompts) * new / _timed(run)
 
@@ -84,7 +82,7 @@ def hf_static(model: Any, prompts: list[list[int]], new: int) -> float:
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=new,
-            min_new_tokens=new,
+            eos_token_id=[],
             do_sample=False,
         )
     )
@@ -98,9 +96,7 @@ def hf_generate_batch(
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    gen = GenerationConfig(
-        max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0
-    )
+    gen = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=[], pad_token_id=0)
     cb = ContinuousBatchingConfig(block_size=16, num_blocks=kv_tokens // 16, max_batch_tokens=1024)
     try:
         secs = _timed(

@@ -28,7 +28,7 @@ def lm(model_dir: str) -> tuple[Any, Any]:
 def reference(model: Any, prompt: list[int], n: int) -> list[int]:
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False
+            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=[]
         )
     return out[0, len(prompt) :].tolist()
 
@@ -178,6 +178,7 @@ def test_stop_strings_eos_and_multibyte_text(lm: tuple[Any, Any]) -> None:
     engine.add_request(
         EngineRequest("stop-id", prompt, max_tokens=40, stop_token_ids=[ref[5]], ignore_eos=True)
     )
+    engine.add_request(EngineRequest("eos", prompt, max_tokens=40))
     outs = engine.run_until_idle()
     texts: dict[str, str] = {}
     for o in outs:
@@ -189,6 +190,16 @@ def test_stop_strings_eos_and_multibyte_text(lm: tuple[Any, Any]) -> None:
     assert finals["stopped"].finish is Status.FINISHED_STOPPED
     assert finals["stop-id"].finish is Status.FINISHED_STOPPED
     assert finals["stop-id"].completion_tokens == ref.index(ref[5]) + 1
+    # Without ignore_eos the request ends at EOS exactly where generate does.
+    with torch.inference_mode():
+        natural = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)
+    natural_ids = natural[0, len(prompt) :].tolist()
+    eos_tokens, _ = collect([o for o in outs if o.request_id == "eos"])
+    assert eos_tokens["eos"] == natural_ids
+    expected = (
+        Status.FINISHED_STOPPED if natural_ids[-1] == tok.eos_token_id else Status.FINISHED_LENGTH
+    )
+    assert finals["eos"].finish is expected
 
 
 def test_requests_that_cannot_fit_fail_cleanly(lm: tuple[Any, Any]) -> None:
