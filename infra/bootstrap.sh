@@ -17,6 +17,7 @@ command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ "${TW_WITH_TEST_TOOLS:-0}" = 1 ]; then
   command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
+  command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_apt[*]}"
