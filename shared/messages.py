@@ -195,6 +195,16 @@ class WorkerHeartbeat(Wire):
     )
 
 
+class BatcherStatus(Wire):
+    """A batcher's queue, refreshed in Redis so edges can shed load (429/503) early."""
+
+    batcher_id: str
+    at: float = Field(default_factory=time.time)
+    queued_requests: int = 0
+    queued_tokens: int = 0
+    paused: bool = False
+
+
 class CancelRequest(Wire):
     """Broadcast on the cancel channel; the worker holding the request aborts it."""
 
@@ -223,6 +233,7 @@ WIRE_MODELS: tuple[type[Wire], ...] = (
     Completion,
     Batch,
     WorkerHeartbeat,
+    BatcherStatus,
     CancelRequest,
     DeadLetter,
 )

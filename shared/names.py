@@ -58,6 +58,27 @@ class Names:
         """Key set when a request has finished, so a redelivered batch skips it."""
         return f"{self.prefix}:done:{request_id}"
 
+    def owner(self, request_id: str) -> str:
+        """Key holding the tenant that submitted a request (resume/cancel are tenant-scoped)."""
+        return f"{self.prefix}:owner:{request_id}"
+
+    @property
+    def api_keys(self) -> str:
+        """Hash: sha256 hex of an API key → tenant."""
+        return f"{self.prefix}:apikeys"
+
+    def rate_bucket(self, key_id: str, kind: str) -> str:
+        """A token bucket of one API key (``kind``: requests or tokens)."""
+        return f"{self.prefix}:rl:{kind}:{key_id}"
+
+    @property
+    def batcher_status_prefix(self) -> str:
+        return f"{self.prefix}:batcher:"
+
+    def batcher_status(self, batcher_id: str) -> str:
+        """Key holding a batcher's queue depth (expires when the batcher goes silent)."""
+        return f"{self.batcher_status_prefix}{batcher_id}"
+
     @property
     def cancel_channel(self) -> str:
         """Pub/sub channel on which edges broadcast cancellations to every worker."""
