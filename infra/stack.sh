@@ -11,6 +11,8 @@ LOGS="$TW_RUN_DIR/logs"
 SERVICES=(worker batcher edge)
 mkdir -p "$PIDS" "$LOGS"
 export TW_PORT="$TW_EDGE_PORT"
+# Worker and batcher read the same model folder (the batcher only for its tokenizer).
+export TW_MODEL_DIR="${TW_MODEL_DIR:-$("$TW" model build --preset "${TW_MODEL_PRESET:-tiny}" 2>/dev/null | tail -n 1)}"
 
 alive() { [ -f "$PIDS/$1.pid" ] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
 

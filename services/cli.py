@@ -87,7 +87,12 @@ def cmd_batcher(_: argparse.Namespace) -> None:
 
     settings = BatcherSettings.from_env()
     _setup_logging(settings.log_level)
-    asyncio.run(_serve_until_signal(lambda: BatcherService(settings)))
+    tokenizer = None
+    if settings.model_dir:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(settings.model_dir, local_files_only=True)
+    asyncio.run(_serve_until_signal(lambda: BatcherService(settings, tokenizer)))
 
 
 def cmd_edge(_: argparse.Namespace) -> None:

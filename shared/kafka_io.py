@@ -34,7 +34,12 @@ def make_producer(
 
 
 def make_consumer(
-    settings: CommonSettings, *topics: str, group_id: str | None, client_id: str, **extra: object
+    settings: CommonSettings,
+    *topics: str,
+    group_id: str | None,
+    client_id: str,
+    session_timeout_ms: int = 10_000,
+    **extra: object,
 ) -> AIOKafkaConsumer:
     """A consumer with manual commits: offsets are committed only after the work is safe."""
     return AIOKafkaConsumer(
@@ -45,6 +50,8 @@ def make_consumer(
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=max(100, session_timeout_ms // 3),
         max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
         **extra,
     )

@@ -58,6 +58,14 @@ class Names:
         """Key set when a request has finished, so a redelivered batch skips it."""
         return f"{self.prefix}:done:{request_id}"
 
+    def claim(self, request_id: str) -> str:
+        """Key naming the worker generating a request (expires if that worker dies)."""
+        return f"{self.prefix}:claim:{request_id}"
+
+    def cancelled(self, request_id: str) -> str:
+        """Key set when a request is cancelled, for a worker that picks it up later."""
+        return f"{self.prefix}:cancelled:{request_id}"
+
     def owner(self, request_id: str) -> str:
         """Key holding the tenant that submitted a request (resume/cancel are tenant-scoped)."""
         return f"{self.prefix}:owner:{request_id}"

@@ -54,17 +54,30 @@ async def publish_events(
 async def last_published_seq(client: aioredis.Redis, names: Names, request_id: str) -> int:
     """The highest seq in a request's replay log, or -1 when it has none."""
     entries = await client.xrevrange(names.token_log(request_id), count=1)
-    if not entries:
-        return -1
-    return int(_entry_id(entries[0][0]).split("-")[1]) - 1  # type: ignore[arg-type]
+    return seq_of(entries[0][0]) if entries else -1  # type: ignore[arg-type]
+
+
+def seq_of(entry_id: bytes | str) -> int:
+    """The seq of a replay-log entry id (the inverse of ``log_id``)."""
+    raw = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(raw.split("-")[1]) - 1
 
 
 async def read_log(
     client: aioredis.Redis, names: Names, request_id: str, *, after_seq: int = -1
 ) -> list[TokenEvent]:
     """The events of a request's replay log with seq > ``after_seq``, in order."""
-    entries = await client.xrange(names.token_log(request_id), min=log_id(after_seq + 1), max="+")
-    return [decode(TokenEvent, fields[b"d"]) for _, fields in entries or ()]  # type: ignore[index]
+    raw = await read_log_raw(client, names, request_id, from_seq=after_seq + 1)
+    return [decode(TokenEvent, data) for data in raw]
+
+
+async def read_log_raw(
+    client: aioredis.Redis, names: Names, request_id: str, *, from_seq: int = 0
+) -> list[bytes]:
+    """The encoded events of a request's replay log with seq >= ``from_seq``, in order
+    (for relays that pass the bytes on without building models)."""
+    entries = await client.xrange(names.token_log(request_id), min=log_id(from_seq), max="+")
+    return [fields[b"d"] for _, fields in entries or ()]  # type: ignore[index]
 
 
 async def follow(
@@ -115,7 +128,3 @@ async def follow(
     finally:
         await pubsub.unsubscribe()
         await pubsub.aclose()
-
-
-def _entry_id(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw

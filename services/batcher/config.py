@@ -7,6 +7,7 @@ import socket
 
 from pydantic import Field
 
+from services.batcher.routing import RoutingMode
 from shared.settings import CommonSettings
 
 
@@ -14,5 +15,12 @@ class BatcherSettings(CommonSettings):
     batcher_id: str = Field(default_factory=lambda: f"batcher-{socket.gethostname()}-{os.getpid()}")
     window_min_ms: float = Field(50.0, ge=0)
     window_max_ms: float = Field(100.0, ge=0)
+    target_wait_ms: float = Field(200.0, gt=0, description="queue wait that shrinks the window")
     max_batch_requests: int = Field(64, ge=1)
-    heartbeat_refresh_ms: float = Field(100.0, gt=0)
+    heartbeat_refresh_ms: float = Field(20.0, gt=0, description="how stale a worker view may be")
+    routing: RoutingMode = RoutingMode.AFFINITY
+    block_size: int = Field(16, ge=1, description="must match the workers' KV block size")
+    model_dir: str = Field("", description="tokenizer for prefix-affinity routing (optional)")
+    fair_quantum_tokens: int = Field(512, ge=1)
+    max_queued_requests: int = Field(10_000, ge=1, description="pause consumption above this")
+    max_queued_tokens: int = Field(4_000_000, ge=1)

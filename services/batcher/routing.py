@@ -1,25 +1,78 @@
-"""Choosing a worker partition for a batch (pure)."""
+"""Choosing the worker for each request (pure).
+
+Prefix affinity first: a request goes to the worker whose cache summary holds its deepest
+leading block, else to its prefix's home worker by rendezvous hashing over live workers —
+unless that worker has no free slot, in which case the least-loaded worker takes it.
+Requests without a full leading block go to the least-loaded worker.
+"""
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 
 from shared.messages import WorkerHeartbeat
 
 
-def pick_worker(workers: Sequence[WorkerHeartbeat], size: int) -> WorkerHeartbeat | None:
-    """The worker with the most free sequence slots among those holding partitions."""
-    live = [w for w in workers if w.partitions]
-    if not live:
-        return None
-    return max(live, key=lambda w: (w.free_slots, w.free_kv_tokens, w.worker_id))
+class RoutingMode(StrEnum):
+    AFFINITY = "affinity"
+    ROUND_ROBIN = "round_robin"
+    LEAST_LOADED = "least_loaded"
 
 
-def pick_partition(worker: WorkerHeartbeat | None, key: str, num_partitions: int) -> int:
-    """A partition of the chosen worker, or one by stable hash when no worker is known
+@dataclass
+class WorkerView:
+    """A worker as the batcher sees it between heartbeats (capacity spent locally)."""
+
+    hb: WorkerHeartbeat
+    free_slots: int
+    free_tokens: int
+    hashes: frozenset[int]
+
+    @classmethod
+    def of(cls, hb: WorkerHeartbeat) -> WorkerView:
+        return cls(hb, hb.free_slots, hb.free_kv_tokens, frozenset(hb.prefix_hashes))
+
+    @property
+    def worker_id(self) -> str:
+        return self.hb.worker_id
+
+
+def _rendezvous(key: int, workers: Sequence[WorkerView]) -> WorkerView:
+    return max(workers, key=lambda w: zlib.crc32(f"{key}:{w.worker_id}".encode()))
+
+
+def least_loaded(workers: Sequence[WorkerView]) -> WorkerView:
+    return max(workers, key=lambda w: (w.free_slots, w.free_tokens, w.worker_id))
+
+
+class Router:
+    def __init__(self, mode: RoutingMode = RoutingMode.AFFINITY) -> None:
+        self.mode = mode
+        self._rr = 0
+
+    def route(self, hashes: Sequence[int], workers: Sequence[WorkerView]) -> WorkerView:
+        """The worker for a request whose leading block hashes are ``hashes``."""
+        if self.mode is RoutingMode.ROUND_ROBIN:
+            self._rr += 1
+            return workers[self._rr % len(workers)]
+        if self.mode is RoutingMode.AFFINITY and hashes:
+            for h in reversed(hashes):
+                holders = [w for w in workers if h in w.hashes and w.free_slots > 0]
+                if holders:
+                    return least_loaded(holders)
+            home = _rendezvous(hashes[0], workers)
+            if home.free_slots > 0:
+                return home
+        return least_loaded(workers)
+
+
+def partition_for(worker: WorkerView | None, key: str, num_partitions: int) -> int:
+    """A partition owned by ``worker``, or one by stable hash when no worker is known
     (Kafka keeps the batch until a worker owns that partition)."""
     h = zlib.crc32(key.encode())
-    if worker is not None:
-        return worker.partitions[h % len(worker.partitions)]
+    if worker is not None and worker.hb.partitions:
+        return worker.hb.partitions[h % len(worker.hb.partitions)]
     return h % max(1, num_partitions)

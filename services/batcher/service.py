@@ -1,137 +1,274 @@
 """The batcher service: a consumer group on the requests topic.
 
-Each loop: fetch what has arrived, send bad messages to the dead-letter topic, add valid
-requests to the open batch, and dispatch it to a worker partition when the window policy
-says so. Input offsets are committed only after the batch (or dead letter) is acknowledged
-by Kafka (acks=all), so a crash redelivers rather than loses.
+Each tick: fetch what has arrived; send bad messages and expired requests to the
+dead-letter topic (the sender gets an error event); queue valid requests fairly; and when
+the window policy says so, take as many as the workers have room for, route each to a
+worker (prefix affinity), and produce one batch per worker partition. Input offsets are
+committed only up to the first request not yet acknowledged by Kafka (acks=all), so a
+crash redelivers rather than loses. While the queue is over its limits the consumer is
+paused: the backlog stays in Kafka, not in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import time
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from services.batcher.config import BatcherSettings
-from services.batcher.routing import pick_partition, pick_worker
+from services.batcher.fair_queue import FairQueue, Queued
+from services.batcher.routing import Router, WorkerView, partition_for
 from services.batcher.window import WindowPolicy
 from shared import token_stream
 from shared.codec import DecodeError, decode, encode
 from shared.kafka_io import make_consumer, make_producer
-from shared.messages import Batch, DeadLetter, GenerateRequest, WorkerHeartbeat, error_event
+from shared.messages import (
+    Batch,
+    BatcherStatus,
+    DeadLetter,
+    GenerateRequest,
+    Priority,
+    TokenEvent,
+    WorkerHeartbeat,
+    error_event,
+)
 from shared.names import Names
+from shared.prefix_hash import block_hashes
 
 log = logging.getLogger(__name__)
 
+AFFINITY_BLOCKS = 4  # leading blocks hashed for routing
+AFFINITY_CHARS = 2048  # enough text for AFFINITY_BLOCKS blocks of tokens
+
+
+@dataclass(slots=True)
+class Pending:
+    tp: TopicPartition
+    offset: int
+    request: GenerateRequest
+    hashes: list[int]
+
+
+@dataclass(slots=True)
+class Rejected:
+    """A message that will not be served, with where it came from and why."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    reason: str
+    detail: str
+    request_id: str | None
+
+    @classmethod
+    def of(
+        cls, msg: ConsumerRecord[Any, Any], reason: str, detail: str, rid: str | None
+    ) -> Rejected:
+        return cls(msg.topic, msg.partition, msg.offset, msg.key, msg.value, reason, detail, rid)
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, service: BatcherService) -> None:
+        self.service = service
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.service.release(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        pass
+
 
 class BatcherService:
-    def __init__(self, settings: BatcherSettings) -> None:
+    def __init__(self, settings: BatcherSettings, tokenizer: Any = None) -> None:
         self.settings = settings
         self.names: Names = settings.names
+        self.tokenizer = tokenizer
         self.policy = WindowPolicy(
-            settings.window_min_ms, settings.window_max_ms, settings.max_batch_requests
+            settings.window_min_ms,
+            settings.window_max_ms,
+            settings.max_batch_requests,
+            settings.target_wait_ms,
         )
+        self.router = Router(settings.routing)
         self.redis: aioredis.Redis = aioredis.Redis.from_url(settings.redis_url)
         self.producer: AIOKafkaProducer = make_producer(settings, client_id=settings.batcher_id)
         self.consumer: AIOKafkaConsumer = make_consumer(
-            settings,
-            self.names.requests,
-            group_id=self.names.batcher_group,
-            client_id=settings.batcher_id,
+            settings, group_id=self.names.batcher_group, client_id=settings.batcher_id
         )
-        self.pending: list[tuple[TopicPartition, int, GenerateRequest]] = []
-        self.opened_at = 0.0
+        self.queue: FairQueue[Pending] = FairQueue(quantum=settings.fair_quantum_tokens)
+        self._unacked: dict[TopicPartition, set[int]] = defaultdict(set)  # queued offsets
         self._consumed: dict[TopicPartition, int] = {}  # offset after the last one read
         self._committed: dict[TopicPartition, int] = {}
-        self._workers: list[WorkerHeartbeat] = []
+        self._workers: list[WorkerView] = []
         self._workers_at = 0.0
+        self._status_at = 0.0
+        self._paused = False
         self._stopping = asyncio.Event()
-        self.batches_sent = 0
+        self.batch_sizes: list[int] = []
         self.dead_letters = 0
 
     async def run(self) -> None:
         await self.producer.start()
+        self.consumer.subscribe([self.names.requests], listener=_Rebalance(self))
         await self.consumer.start()
         try:
             while not self._stopping.is_set():
                 await self._tick()
-            if self.pending:
-                await self._dispatch()
+            # Graceful stop: hand off what is queued if workers can take it, else leave it
+            # to Kafka (uncommitted) for the next batcher.
+            with contextlib.suppress(Exception):
+                await self._dispatch(await self._load_workers(force=True))
+                await self._commit()
         finally:
             await self.consumer.stop()
             await self.producer.stop()
+            with contextlib.suppress(Exception):
+                await self.redis.delete(self.names.batcher_status(self.settings.batcher_id))
             await self.redis.aclose()
 
     def stop(self) -> None:
         self._stopping.set()
 
+    # --- one tick ---------------------------------------------------------------------
     async def _tick(self) -> None:
-        wait_ms = 50 if not self.pending else 5
-        records = await self.consumer.getmany(timeout_ms=wait_ms, max_records=256)
+        poll_ms = 5 if len(self.queue) else 50
+        records = await self.consumer.getmany(timeout_ms=poll_ms, max_records=self._fetch_size())
         now = time.time()
-        dead: list[tuple[ConsumerRecord[Any, Any], DecodeError]] = []
+        rejected = []
         for tp, msgs in records.items():
             for msg in msgs:
-                req = self._parse(msg)
-                if isinstance(req, DecodeError):
-                    dead.append((msg, req))
-                else:
-                    if not self.pending:
-                        self.opened_at = now
-                    self.pending.append((tp, msg.offset, req))
                 self._consumed[tp] = msg.offset + 1
-        if dead:
-            await self._dead_letter(dead)
+                item = self._parse(msg, now)
+                if isinstance(item, Rejected):
+                    rejected.append(item)
+                else:
+                    self._enqueue(tp, msg.offset, item, now)
+        rejected += self._expire(now)
+        if rejected:
+            await self._reject(rejected)
         workers = await self._load_workers()
-        target = pick_worker(workers, len(self.pending))
-        free = target.free_slots if target else None
-        if self.policy.should_dispatch(len(self.pending), self.opened_at, time.time(), free):
-            await self._dispatch(target)
-        elif dead:
-            await self._commit()
+        oldest = self.queue.oldest()
+        wait_ms = (now - oldest) * 1000 if oldest is not None else 0.0
+        free = sum(w.free_slots for w in workers) if workers else None
+        if self.policy.should_dispatch(len(self.queue), wait_ms, free, _saturation(workers)):
+            await self._dispatch(workers)
+        await self._commit()
+        self._apply_backpressure()
+        await self._publish_status()
 
-    def _parse(self, msg: ConsumerRecord[Any, Any]) -> GenerateRequest | DecodeError:
-        """The request with its seed fixed at ingestion, or why it is not one."""
+    def _fetch_size(self) -> int:
+        room = self.settings.max_queued_requests - len(self.queue)
+        return max(1, min(256, room))
+
+    def _parse(self, msg: ConsumerRecord[Any, Any], now: float) -> GenerateRequest | Rejected:
+        """The request with its seed fixed at ingestion, or why it is rejected."""
         try:
-            return decode(GenerateRequest, msg.value or b"").with_seed()
+            req = decode(GenerateRequest, msg.value or b"").with_seed()
         except DecodeError as exc:
-            return exc
-
-    async def _dead_letter(self, dead: list[tuple[ConsumerRecord[Any, Any], DecodeError]]) -> None:
-        """Each bad message goes to the DLQ with its bytes, reason and origin; where a
-        request id and reply channel can be read, the sender also gets an error event."""
-        sends = []
-        notify = []
-        for msg, err in dead:
-            rid = _salvage_request_id(msg.value)
-            dl = DeadLetter(
-                reason=err.reason,
-                detail=err.detail,
-                topic=msg.topic,
-                partition=msg.partition,
-                offset=msg.offset,
-                key=msg.key.decode("utf-8", "replace") if msg.key else None,
-                original_b64=base64.b64encode(msg.value or b"").decode(),
-                request_id=rid,
+            return Rejected.of(msg, exc.reason, exc.detail, _salvage_request_id(msg.value))
+        if req.deadline is not None and req.deadline < now:
+            return Rejected.of(
+                msg, "deadline_exceeded", "the deadline passed before dispatch", req.request_id
             )
-            sends.append(await self.producer.send(self.names.requests_dlq, encode(dl), key=msg.key))
-            if rid is not None:
-                notify.append(error_event(rid, 0, err.reason, err.detail))
-        await asyncio.gather(*sends)
-        self.dead_letters += len(dead)
-        if notify:
-            await token_stream.publish_events(self.redis, self.names, notify)
+        return req
 
-    async def _load_workers(self) -> list[WorkerHeartbeat]:
+    def _enqueue(self, tp: TopicPartition, offset: int, req: GenerateRequest, now: float) -> None:
+        hashes, prompt_tokens = self._affinity(req)
+        cost = prompt_tokens + req.sampling.max_tokens
+        prio = 0 if req.priority is Priority.INTERACTIVE else 1
+        self.queue.push(Queued(Pending(tp, offset, req, hashes), req.tenant, prio, cost, now))
+        self._unacked[tp].add(offset)
+
+    def _affinity(self, req: GenerateRequest) -> tuple[list[int], int]:
+        """Leading block hashes (as the workers' prefix caches key them) and a prompt
+        token estimate. Only the head of the prompt is tokenized: routing needs no more."""
+        text = req.prompt
+        if req.messages is not None:
+            if self.tokenizer is None:
+                text = "".join(m.content for m in req.messages)
+            else:
+                msgs = [m.model_dump() for m in req.messages]
+                text = self.tokenizer.apply_chat_template(
+                    msgs, add_generation_prompt=True, tokenize=False
+                )
+        text = text or ""
+        estimate = len(text) // 4 + 1
+        if self.tokenizer is None:
+            return [], estimate
+        add_special = req.messages is None
+        ids = self.tokenizer(text[:AFFINITY_CHARS], add_special_tokens=add_special)["input_ids"]
+        if len(text) <= AFFINITY_CHARS:
+            estimate = len(ids)
+        return block_hashes(ids, self.settings.block_size, AFFINITY_BLOCKS), estimate
+
+    def _expire(self, now: float) -> list[Rejected]:
+        """Queued requests whose deadline passed while they waited."""
+        gone = self.queue.remove_if(
+            lambda q: q.item.request.deadline is not None and q.item.request.deadline < now
+        )
+        out = []
+        for q in gone:
+            p = q.item
+            self._unacked[p.tp].discard(p.offset)
+            rid = p.request.request_id
+            out.append(
+                Rejected(
+                    p.tp.topic,
+                    p.tp.partition,
+                    p.offset,
+                    rid.encode(),
+                    encode(p.request),
+                    "deadline_exceeded",
+                    "the deadline passed while queued",
+                    rid,
+                )
+            )
+        return out
+
+    async def _reject(self, rejected: list[Rejected]) -> None:
+        """Each rejected message goes to the DLQ with its bytes, reason and origin; where a
+        request id can be read, the sender also gets an error event."""
+        sends = []
+        notify: list[TokenEvent] = []
+        for r in rejected:
+            dl = DeadLetter(
+                reason=r.reason,
+                detail=r.detail,
+                topic=r.topic,
+                partition=r.partition,
+                offset=r.offset,
+                key=r.key.decode("utf-8", "replace") if r.key else None,
+                original_b64=base64.b64encode(r.value or b"").decode(),
+                request_id=r.request_id,
+            )
+            sends.append(await self.producer.send(self.names.requests_dlq, encode(dl), key=r.key))
+            if r.request_id is not None:
+                seq = (
+                    await token_stream.last_published_seq(self.redis, self.names, r.request_id) + 1
+                )
+                notify.append(error_event(r.request_id, seq, r.reason, r.detail))
+        await asyncio.gather(*sends)
+        self.dead_letters += len(rejected)
+        if notify:
+            with contextlib.suppress(Exception):  # e.g. an id whose stream already ended
+                await token_stream.publish_events(self.redis, self.names, notify)
+
+    # --- dispatch ---------------------------------------------------------------------
+    async def _load_workers(self, force: bool = False) -> list[WorkerView]:
         now = time.time()
-        if (now - self._workers_at) * 1000 < self.settings.heartbeat_refresh_ms:
+        if not force and (now - self._workers_at) * 1000 < self.settings.heartbeat_refresh_ms:
             return self._workers
         self._workers_at = now
         keys = [
@@ -139,41 +276,102 @@ class BatcherService:
             async for k in self.redis.scan_iter(match=self.names.heartbeat_prefix + "*", count=100)
         ]
         raw = await self.redis.mget(keys) if keys else []
-        workers = []
+        views = []
         for data in raw:
-            if data:
-                try:
-                    workers.append(decode(WorkerHeartbeat, data))
-                except DecodeError:
-                    continue
-        self._workers = workers
-        return workers
+            with contextlib.suppress(DecodeError):
+                if data:
+                    hb = decode(WorkerHeartbeat, data)
+                    if hb.partitions:
+                        views.append(WorkerView.of(hb))
+        self._workers = sorted(views, key=lambda w: w.worker_id)
+        return self._workers
 
-    async def _dispatch(self, target: WorkerHeartbeat | None = None) -> None:
-        cap = self.policy.max_requests
-        taken, self.pending = self.pending[:cap], self.pending[cap:]
-        self.opened_at = time.time()  # what is left opens the next window
-        reqs = [req for _, _, req in taken]
-        batch = Batch(batcher_id=self.settings.batcher_id, requests=reqs)
-        num = len(await self.producer.partitions_for(self.names.batches))
-        partition = pick_partition(target, batch.batch_id, num)
-        fut = await self.producer.send(self.names.batches, encode(batch), partition=partition)
-        await fut
-        if target is not None:
-            target.free_slots -= len(reqs)  # until its next heartbeat says otherwise
-        self.batches_sent += 1
-        await self._commit()
+    async def _dispatch(self, workers: list[WorkerView]) -> None:
+        """Take what the workers have room for and send one batch per target partition."""
+        room = sum(w.free_slots for w in workers) if workers else self.policy.max_requests
+        items = self.queue.pop(min(self.policy.max_requests, room))
+        if not items:
+            return
+        groups: dict[int, list[Pending]] = defaultdict(list)
+        num_parts = len(await self.producer.partitions_for(self.names.batches))
+        for q in items:
+            target = None
+            if workers:
+                open_ = [w for w in workers if w.free_slots > 0] or workers
+                target = self.router.route(q.item.hashes, open_)
+                target.free_slots -= 1  # until its next heartbeat says otherwise
+                target.free_tokens -= q.cost
+            groups[partition_for(target, q.item.request.request_id, num_parts)].append(q.item)
+        acks = []
+        for part, group in groups.items():
+            batch = Batch(batcher_id=self.settings.batcher_id, requests=[p.request for p in group])
+            acks.append(await self.producer.send(self.names.batches, encode(batch), partition=part))
+            self.batch_sizes.append(len(group))
+        await asyncio.gather(*acks)
+        for q in items:
+            self._unacked[q.item.tp].discard(q.item.offset)
 
     async def _commit(self) -> None:
         """Commit, per partition, up to the first record not yet safely handed off."""
-        floor: dict[TopicPartition, int] = {}
-        for tp, off, _ in self.pending:
-            floor[tp] = min(floor.get(tp, off), off)
-        offsets = {tp: floor.get(tp, nxt) for tp, nxt in self._consumed.items()}
+        offsets = {
+            tp: min(self._unacked[tp]) if self._unacked.get(tp) else nxt
+            for tp, nxt in self._consumed.items()
+        }
         changed = {tp: o for tp, o in offsets.items() if self._committed.get(tp) != o}
         if changed:
             await self.consumer.commit(changed)
             self._committed.update(changed)
+
+    async def release(self, revoked: set[TopicPartition]) -> None:
+        """Partitions are moving to another batcher: commit what is handed off and drop
+        the rest of their queue (the new owner reads it again from the commit point)."""
+        with contextlib.suppress(Exception):
+            await self._commit()
+        self.queue.remove_if(lambda q: q.item.tp in revoked)
+        for tp in revoked:
+            self._unacked.pop(tp, None)
+            self._consumed.pop(tp, None)
+            self._committed.pop(tp, None)
+
+    # --- backpressure -------------------------------------------------------------------
+    def _apply_backpressure(self) -> None:
+        s = self.settings
+        over = len(self.queue) >= s.max_queued_requests or self.queue.tokens >= s.max_queued_tokens
+        under = (
+            len(self.queue) <= s.max_queued_requests // 2
+            and self.queue.tokens <= s.max_queued_tokens // 2
+        )
+        parts = list(self.consumer.assignment())
+        if over and not self._paused:
+            self.consumer.pause(*parts)
+            self._paused = True
+            log.info("queue full (%d requests): paused consumption", len(self.queue))
+        elif self._paused and under:
+            self.consumer.resume(*parts)
+            self._paused = False
+
+    async def _publish_status(self) -> None:
+        now = time.time()
+        if now - self._status_at < 0.25:
+            return
+        self._status_at = now
+        status = BatcherStatus(
+            batcher_id=self.settings.batcher_id,
+            queued_requests=len(self.queue),
+            queued_tokens=self.queue.tokens,
+            paused=self._paused,
+        )
+        await self.redis.set(
+            self.names.batcher_status(self.settings.batcher_id), encode(status), px=3000
+        )
+
+
+def _saturation(workers: list[WorkerView]) -> float:
+    """Share of the workers' sequence slots in use (0 when none is known)."""
+    cap = sum(w.free_slots + w.hb.running + w.hb.waiting for w in workers)
+    if cap <= 0:
+        return 0.0
+    return 1.0 - sum(max(0, w.free_slots) for w in workers) / cap
 
 
 def _salvage_request_id(value: bytes | None) -> str | None:

@@ -1,8 +1,13 @@
-"""When a batch is dispatched (pure).
+"""When the batcher dispatches (pure).
 
-A batch opens with its first request. It is dispatched at once when the worker it targets
-has free slots for all of it (an idle system adds no wait), when it reaches the maximum
-size, or when its window expires. The window is bounded by ``min_ms``..``max_ms``."""
+A batch opens with the first queued request and is dispatched as soon as it fills the free
+capacity of the workers it targets, or when its window expires. An idle system adds no
+wait: if a worker has room for everything queued, dispatch happens at once.
+
+The window slides between ``min_ms`` and ``max_ms`` with load: it stretches toward
+``max_ms`` as workers saturate (bigger prefill groups, fewer hand-offs) and shrinks back
+toward ``min_ms`` as the oldest request's queue wait approaches ``target_wait_ms``.
+"""
 
 from __future__ import annotations
 
@@ -14,19 +19,24 @@ class WindowPolicy:
     min_ms: float = 50.0
     max_ms: float = 100.0
     max_requests: int = 64
+    target_wait_ms: float = 200.0
 
-    def window_ms(self, saturated: bool) -> float:
-        """Longer while workers are saturated (bigger groups, fewer hand-offs)."""
-        return self.max_ms if saturated else self.min_ms
+    def window_ms(self, saturation: float, oldest_wait_ms: float) -> float:
+        """The window for the current load. ``saturation`` in [0, 1]: share of worker
+        capacity in use; ``oldest_wait_ms``: how long the oldest queued request waited."""
+        s = min(1.0, max(0.0, saturation))
+        w = self.min_ms + (self.max_ms - self.min_ms) * s
+        pressure = min(1.0, max(0.0, oldest_wait_ms / self.target_wait_ms))
+        return max(self.min_ms, w - (w - self.min_ms) * pressure)
 
     def should_dispatch(
-        self, size: int, opened_at: float, now: float, free_slots: int | None
+        self, queued: int, oldest_wait_ms: float, free_slots: int | None, saturation: float
     ) -> bool:
-        if size == 0:
+        """``free_slots``: room across live workers (None when no worker is known)."""
+        if queued == 0:
             return False
-        if size >= self.max_requests:
+        if queued >= self.max_requests:
             return True
-        if free_slots is not None and free_slots >= size:
+        if free_slots is not None and free_slots >= queued:
             return True
-        saturated = free_slots is not None and free_slots <= 0
-        return (now - opened_at) * 1000.0 >= self.window_ms(saturated)
+        return oldest_wait_ms >= self.window_ms(saturation, oldest_wait_ms)

@@ -2,15 +2,53 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from shared.settings import CommonSettings
+from shared.token_stream import LOG_TTL_S
 
 
 class EdgeSettings(CommonSettings):
+    """One edge process's configuration, read once at start-up."""
+
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     model_name: str = Field("tokenwire-tiny", description="the model id clients ask for")
+    model_dir: str = Field(
+        "", description="local HF model folder: its tokenizer counts prompt tokens, its config "
+        "gives the context length (empty: no prompt-length checks, estimated token counts)"
+    )
     request_timeout_s: float = Field(300.0, gt=0, description="give up on a silent stream")
     keepalive_s: float = Field(10.0, gt=0, description="SSE comment interval while waiting")
-    max_body_bytes: int = Field(1_000_000, ge=1024)
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="larger bodies get 413")
+    max_tokens_limit: int = Field(
+        0, ge=0, description="largest max_tokens accepted (0: the model's context)"
+    )
+
+    # --- API keys ------------------------------------------------------------------------
+    auth: Literal["off", "required"] = Field(
+        "off",
+        description="required: every API call needs a valid key (401 otherwise); off: a call "
+        "without a key runs as tenant 'default', a call with a key still needs a valid one",
+    )
+    api_keys: str = Field(
+        "",
+        description="comma-separated 'sha256hex=tenant' pairs, besides the Redis hash "
+        "<prefix>:apikeys (sha256hex → tenant)",
+    )
+
+    # --- admission -----------------------------------------------------------------------
+    rate_requests_per_min: int = Field(600, ge=0, description="per key; 0 disables")
+    rate_tokens_per_min: int = Field(
+        1_000_000, ge=0, description="per key, prompt + max_tokens; 0 disables"
+    )
+    max_queued_requests: int = Field(
+        10_000, ge=0, description="503 while the batchers hold more; 0 disables"
+    )
+    load_refresh_s: float = Field(0.5, gt=0, description="how often batcher queues are read")
+
+    # --- streams -------------------------------------------------------------------------
+    owner_ttl_s: int = Field(LOG_TTL_S, ge=1, description="how long a request can be resumed")
+    cancel_wait_s: float = Field(5.0, gt=0, description="how long a cancel waits for the end")

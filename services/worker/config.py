@@ -31,3 +31,8 @@ class WorkerSettings(CommonSettings):
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_ttl_s: float = Field(3.0, gt=0)
     done_ttl_s: int = Field(3600, ge=1)
+    claim_ttl_s: float = Field(10.0, gt=0, description="a dead worker's claims expire after this")
+    session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka group session timeout")
+    drain_timeout_s: float = Field(
+        20.0, ge=0, description="on SIGTERM, finish running work this long"
+    )

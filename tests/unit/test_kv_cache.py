@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from services.worker.engine import kv_cache
-from services.worker.engine.kv_cache import KVCacheManager, OutOfBlocks, chain_hash
+from services.worker.engine.kv_cache import KVCacheManager, OutOfBlocks
+from shared.prefix_hash import chain_hash
 
 BS = 4
 
@@ -164,15 +165,25 @@ def test_free_keeps_full_blocks_cached_and_forgets_the_table() -> None:
     assert kv.num_free_blocks == 8
 
 
-def test_hottest_hashes_lists_referenced_blocks_first() -> None:
+def test_summary_hashes_list_referenced_blocks_first_then_recently_freed() -> None:
     kv = KVCacheManager(8, BS)
-    cold, hot = toks(0, BS), toks(100, BS)
+    cold, warm, hot = toks(0, BS), toks(50, BS), toks(100, BS)
     run_and_free(kv, "cold", [*cold, 1])
+    run_and_free(kv, "warm", [*warm, 1])
     kv.allocate("hot", [*hot, 1], BS + 1)
     kv.commit("hot", [*hot, 1], BS + 1)
-    hashes = kv.hottest_hashes(10)
-    assert hashes == [chain_hash(None, hot), chain_hash(None, cold)]
-    assert kv.hottest_hashes(1) == [chain_hash(None, hot)]
+    hashes = kv.summary_hashes(10)
+    assert hashes == [chain_hash(None, hot), chain_hash(None, warm), chain_hash(None, cold)]
+    assert kv.summary_hashes(1) == [chain_hash(None, hot)]
+
+
+def test_summary_hashes_keep_only_leading_blocks() -> None:
+    kv = KVCacheManager(8, BS)
+    ids = toks(0, 3 * BS)
+    run_and_free(kv, "a", [*ids, 1])
+    first = chain_hash(None, ids[:BS])
+    second = chain_hash(first, ids[BS : 2 * BS])
+    assert set(kv.summary_hashes(10, max_depth=2)) == {first, second}
 
 
 # --- eviction --------------------------------------------------------------------------------
@@ -205,7 +216,7 @@ def test_older_cached_blocks_are_evicted_first_and_leave_the_hash_table() -> Non
     assert kv.stats.evictions == 2
     assert kv.cached_prefix_blocks([*a, 0]) == []
     assert len(kv.cached_prefix_blocks([*b, 0])) == 2
-    assert chain_hash(None, a) not in kv.hottest_hashes(10)
+    assert chain_hash(None, a) not in kv.summary_hashes(10)
     assert kv.stats.cached_blocks == 2
 
 
@@ -326,7 +337,7 @@ def test_disabled_prefix_cache_never_hits_and_reuses_every_block() -> None:
     run_and_free(kv, "a", ids)
     assert kv.stats.cached_blocks == 0
     assert kv.cached_prefix_blocks(ids) == []
-    assert kv.hottest_hashes(5) == []
+    assert kv.summary_hashes(5) == []
     assert kv.can_allocate("b", ids, len(ids))
     assert kv.allocate("b", ids, len(ids)) == 0
     assert kv.stats.prefix_hit_tokens == 0

@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from shared.prefix_hash import chain_hash
+
 
 class OutOfBlocks(RuntimeError):
     """Raised when an allocation was attempted without checking ``can_allocate`` first."""
@@ -25,6 +27,7 @@ class _Block:
     ref: int = 0
     hash: int | None = None
     tokens: tuple[int, ...] = ()
+    depth: int = 0  # position of the block in its chain (0: the first block of a prompt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +46,6 @@ class KVStats:
     prefix_queries: int = 0
     prefix_hit_tokens: int = 0
     evictions: int = 0
-
-
-def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:
-    """Hash of a full block given its parent's hash (deterministic across processes)."""
-    return hash((parent if parent is not None else -1, tuple(tokens)))
 
 
 @dataclass
@@ -106,9 +104,12 @@ class KVCacheManager:
             parent = h
         return hits
 
-    def hottest_hashes(self, limit: int) -> list[int]:
-        """Hashes of cached blocks, referenced ones first, for routing summaries."""
-        ranked = sorted((b for b in self._blocks if b.hash is not None), key=lambda b: -b.ref)
+    def summary_hashes(self, limit: int, max_depth: int = 4) -> list[int]:
+        """Hashes of cached leading blocks (chain depth < ``max_depth``) for routing:
+        blocks in use first, then the most recently freed."""
+        used = [b for b in self._blocks if b.ref > 0 and b.hash is not None]
+        recent = [self._blocks[i] for i in reversed(self._free)]
+        ranked = [b for b in used + recent if b.hash is not None and b.depth < max_depth]
         return [b.hash for b in ranked[:limit] if b.hash is not None]
 
     # --- allocation ----------------------------------------------------------------------
@@ -158,7 +159,7 @@ class KVCacheManager:
             chunk = tuple(token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(parent, chunk)
             if block.hash is None and h not in self._by_hash:
-                block.hash, block.tokens = h, chunk
+                block.hash, block.tokens, block.depth = h, chunk, i
                 self._by_hash[h] = block.block_id
             parent = h
         self.stats.cached_blocks = len(self._by_hash)

@@ -1,0 +1,236 @@
+"""One Redis pub/sub connection per edge process, multiplexing every request's channel.
+
+Each stream registers a queue for its channel; the hub's reader task parses the socket and
+drops each message's bytes into the queues of its channel. Nothing per message but a dict
+lookup and ``put_nowait``: redis-py's ``PubSub`` spends ~30 µs per message in retry and
+observability wrappers, about as much as the rest of the relay, so the hub speaks RESP itself.
+
+After a reconnect every channel is subscribed again and its queues receive ``RESYNC``: what
+was published while the connection was down is in the replay log, which the stream reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import Any, Final
+
+from redis.connection import parse_url
+
+log = logging.getLogger(__name__)
+
+RESYNC: Final = b""  # queued after a reconnect: read the replay log to fill the gap
+
+
+class RespParser:
+    """Incremental parser of the RESP2 replies a subscribed connection receives."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        """Add bytes; return every complete reply now available."""
+        self._buf += data
+        out = []
+        pos = 0
+        while True:
+            item, end = self._parse(pos)
+            if end < 0:
+                break
+            out.append(item)
+            pos = end
+        if pos:
+            del self._buf[:pos]
+        return out
+
+    def _parse(self, pos: int) -> tuple[Any, int]:
+        buf = self._buf
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None, -1
+        kind, body = buf[pos : pos + 1], bytes(buf[pos + 1 : eol])
+        nxt = eol + 2
+        if kind == b"$":
+            n = int(body)
+            if n < 0:
+                return None, nxt
+            if len(buf) < nxt + n + 2:
+                return None, -1
+            return bytes(buf[nxt : nxt + n]), nxt + n + 2
+        if kind == b"*":
+            items = []
+            for _ in range(int(body)):
+                item, nxt = self._parse(nxt)
+                if nxt < 0:
+                    return None, -1
+                items.append(item)
+            return items, nxt
+        if kind == b":":
+            return int(body), nxt
+        if kind == b"-":
+            return RedisReplyError(body.decode(errors="replace")), nxt
+        return body, nxt  # "+" simple string
+
+
+class RedisReplyError(Exception):
+    """An error reply from Redis on the subscriber connection."""
+
+
+def command(*parts: bytes) -> bytes:
+    """A RESP2 command."""
+    out = [b"*%d\r\n" % len(parts)]
+    for p in parts:
+        out.append(b"$%d\r\n%s\r\n" % (len(p), p))
+    return b"".join(out)
+
+
+class Hub:
+    """The shared subscriber. ``subscribe`` returns once Redis confirms the subscription,
+    so a reader that subscribes, then reads the log, cannot miss an event."""
+
+    def __init__(self, redis_url: str, *, subscribe_timeout_s: float = 5.0) -> None:
+        self._url = parse_url(redis_url)
+        self._timeout = subscribe_timeout_s
+        self._sinks: dict[bytes, set[asyncio.Queue[bytes]]] = {}
+        self._ready: dict[bytes, asyncio.Future[None]] = {}
+        self._acks: dict[bytes, deque[asyncio.Future[None]]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.reconnects = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    @property
+    def channels(self) -> int:
+        return len(self._sinks)
+
+    async def start(self) -> None:
+        """Connect (raising if Redis does not answer) and start the reader task."""
+        reader = await self._connect()
+        self._task = asyncio.create_task(self._run(reader), name="edge-hub")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._close_writer()
+
+    async def subscribe(self, channel: bytes, queue: asyncio.Queue[bytes]) -> None:
+        """Deliver ``channel``'s messages into ``queue`` from the moment this returns."""
+        sinks = self._sinks.get(channel)
+        if sinks is None:
+            sinks = self._sinks[channel] = set()
+            self._ready[channel] = self._send_subscribe(channel)
+        sinks.add(queue)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready[channel]), self._timeout)
+        except BaseException:
+            self.unsubscribe(channel, queue)
+            raise
+
+    def unsubscribe(self, channel: bytes, queue: asyncio.Queue[bytes]) -> None:
+        """Stop delivering to ``queue`` (synchronous, so it is safe in any ``finally``)."""
+        sinks = self._sinks.get(channel)
+        if sinks is None:
+            return
+        sinks.discard(queue)
+        if not sinks:
+            del self._sinks[channel]
+            self._ready.pop(channel, None)
+            self._write(command(b"UNSUBSCRIBE", channel))
+
+    # --- connection ----------------------------------------------------------------------
+    def _send_subscribe(self, channel: bytes) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks.setdefault(channel, deque()).append(fut)
+        self._write(command(b"SUBSCRIBE", channel))
+        return fut
+
+    def _write(self, data: bytes) -> None:
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(data)  # while disconnected, the reconnect subscribes again
+
+    async def _connect(self) -> asyncio.StreamReader:
+        u = self._url
+        ssl = u.get("connection_class") is not None and "SSL" in u["connection_class"].__name__
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(u.get("host", "127.0.0.1"), u.get("port", 6379), ssl=ssl),
+            self._timeout,
+        )
+        if u.get("password"):
+            auth = [u["username"].encode()] if u.get("username") else []
+            writer.write(command(b"AUTH", *auth, u["password"].encode()))
+            line = await asyncio.wait_for(reader.readline(), self._timeout)
+            if not line.startswith(b"+"):
+                writer.close()
+                raise RedisReplyError(line.decode(errors="replace").strip())
+        self._writer = writer
+        self._connected.set()
+        return reader
+
+    def _close_writer(self) -> None:
+        self._connected.clear()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    async def _run(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                await self._read(reader)
+            except (OSError, asyncio.IncompleteReadError, RedisReplyError) as exc:
+                log.warning("pub/sub connection lost: %s", exc)
+            self._close_writer()
+            reader = await self._reconnect()
+
+    async def _reconnect(self) -> asyncio.StreamReader:
+        delay = 0.05
+        while True:
+            try:
+                reader = await self._connect()
+                break
+            except (OSError, TimeoutError, RedisReplyError) as exc:
+                log.warning("pub/sub reconnect failed: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        self.reconnects += 1
+        self._acks.clear()
+        for channel in self._sinks:
+            old = self._ready[channel]
+            fut = self._send_subscribe(channel)
+            fut.add_done_callback(lambda _, ch=channel, old=old: self._resync(ch, old))
+            self._ready[channel] = fut
+        return reader
+
+    def _resync(self, channel: bytes, old: asyncio.Future[None]) -> None:
+        if not old.done():
+            old.set_result(None)
+        for q in self._sinks.get(channel, ()):
+            q.put_nowait(RESYNC)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        parser = RespParser()
+        sinks = self._sinks
+        while True:
+            data = await reader.read(262_144)
+            if not data:
+                raise OSError("connection closed by Redis")
+            for reply in parser.feed(data):
+                if isinstance(reply, RedisReplyError):
+                    raise reply
+                kind = reply[0]
+                if kind == b"message":
+                    for q in sinks.get(reply[1], ()):
+                        q.put_nowait(reply[2])
+                elif kind == b"subscribe":
+                    acks = self._acks.get(reply[1])
+                    if acks:
+                        fut = acks.popleft()
+                        if not fut.done():
+                            fut.set_result(None)

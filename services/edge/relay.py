@@ -1,0 +1,132 @@
+"""A request's token events, exactly once each and in ``seq`` order.
+
+Live events come from the process's shared subscriber (``Hub``); whatever was published
+before the subscription, or lost in a reconnect, comes from the replay log. Events are
+handed on as ``orjson``-decoded dicts: they come from our own workers, and building a
+pydantic model per token would cost more than the rest of the relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+
+from services.edge.hub import RESYNC, Hub
+from shared import token_stream
+from shared.names import Names
+
+Event = dict[str, Any]
+
+
+class EventStream:
+    """Subscribe first, then read the log from the last seq the client has, drop
+    duplicates. Use as ``async with``; ``next()`` returns the next events in order."""
+
+    def __init__(
+        self, hub: Hub, redis: aioredis.Redis, names: Names, request_id: str, *, after_seq: int
+    ) -> None:
+        self.request_id = request_id
+        self.next_seq = after_seq + 1
+        self.finished = False
+        self._hub = hub
+        self._redis = redis
+        self._names = names
+        self._channel = names.token_channel(request_id).encode()
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._ready: list[Event] = []
+        self._subscribed = False
+
+    async def open(self, *, replay: bool = True) -> EventStream:
+        """Subscribe; then (``replay``) read what the log already holds. A fresh request
+        subscribed before it was published has nothing in the log, so it skips the read."""
+        await self._hub.subscribe(self._channel, self._queue)
+        self._subscribed = True
+        if replay:
+            await self._replay(include_last_seen=True)
+        return self
+
+    def close(self) -> None:
+        if self._subscribed:
+            self._subscribed = False
+            self._hub.unsubscribe(self._channel, self._queue)
+
+    async def __aenter__(self) -> EventStream:
+        return await self.open()
+
+    async def __aexit__(self, *_: object) -> None:
+        self.close()
+
+    async def next(self, timeout: float) -> list[Event]:
+        """The next events (one or more, the final one last), or ``[]`` when none came
+        within ``timeout`` seconds or the stream has finished."""
+        if self._ready:
+            out, self._ready = self._ready, []
+            return out
+        if self.finished:
+            return []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if self._queue.empty():
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        first = await self._queue.get()
+                except TimeoutError:
+                    return []
+            else:
+                first = self._queue.get_nowait()
+            out = await self._accept(first)
+            if out:
+                return out
+
+    async def _accept(self, first: bytes) -> list[Event]:
+        """Take ``first`` and whatever else is queued; keep the contiguous new events."""
+        raws = [first]
+        q = self._queue
+        while not q.empty():
+            raws.append(q.get_nowait())
+        out: list[Event] = []
+        for raw in raws:
+            if raw == RESYNC:
+                await self._replay()
+                out += self._ready
+                self._ready = []
+                continue
+            ev = orjson.loads(raw)
+            seq = ev["seq"]
+            if seq != self.next_seq:
+                if seq > self.next_seq and not self.finished:
+                    # A gap: events went out before we subscribed, or while we were
+                    # reconnecting; the log has them (it is written before publishing).
+                    await self._replay()
+                    out += self._ready
+                    self._ready = []
+                continue
+            if self.finished:
+                continue
+            self._take(ev, out)
+        return out
+
+    def _take(self, ev: Event, out: list[Event]) -> None:
+        self.next_seq += 1
+        out.append(ev)
+        if ev.get("finish_reason") is not None:
+            self.finished = True
+
+    async def _replay(self, *, include_last_seen: bool = False) -> None:
+        """Move the log's events from ``next_seq`` on into the ready list. With
+        ``include_last_seen`` the event just before is read too, to learn whether the
+        stream had already ended there (a client resuming after the final event)."""
+        start = self.next_seq - 1 if include_last_seen and self.next_seq > 0 else self.next_seq
+        raws = await token_stream.read_log_raw(
+            self._redis, self._names, self.request_id, from_seq=start
+        )
+        for raw in raws:
+            ev = orjson.loads(raw)
+            if ev["seq"] == self.next_seq - 1 and ev.get("finish_reason") is not None:
+                self.finished = True
+            if ev["seq"] == self.next_seq and not self.finished:
+                self._take(ev, self._ready)
