@@ -14,6 +14,7 @@ that finished before (a done marker) is never generated again.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import time
@@ -35,6 +36,7 @@ from shared.kafka_io import make_consumer, make_producer
 from shared.messages import (
     Batch,
     CancelRequest,
+    DeadLetter,
     FinishReason,
     GenerateRequest,
     Priority,
@@ -79,7 +81,7 @@ class WorkerService:
         self.offsets = OffsetTracker()
         self.streams: dict[str, StreamState] = {}
         self.partition_of: dict[str, int] = {}
-        self.deferred: dict[str, tuple[int, GenerateRequest]] = {}  # claimed elsewhere
+        self.deferred: dict[str, tuple[int, int, GenerateRequest]] = {}  # claimed elsewhere
         self._stopping = asyncio.Event()
         self._nudge = asyncio.Event()
         self._idle = asyncio.Event()  # set when the last running request finishes
@@ -205,22 +207,37 @@ class WorkerService:
             elif rid in self.streams:
                 continue  # a duplicate delivery of a request running here
             elif holder is not None and holder.decode() != self.settings.worker_id:
-                self.deferred[rid] = (tp.partition, req)  # another live worker has it
+                self.deferred[rid] = (tp.partition, msg.offset, req)  # another live worker has it
             elif cancelled:
                 ev = TokenEvent(request_id=rid, seq=skip + 1, finish_reason=FinishReason.CANCELLED)
                 await self._send([(StreamState(req), ev)])
                 self.offsets.done(rid)
             else:
-                await self._start_request(tp.partition, req, skip)
+                await self._start_request(tp.partition, msg.offset, req, skip)
 
     @property
     def _claim_ms(self) -> int:
         return int(self.settings.claim_ttl_s * 1000)
 
-    async def _start_request(self, partition: int, req: GenerateRequest, skip_upto: int) -> None:
+    async def _start_request(
+        self, partition: int, offset: int, req: GenerateRequest, skip_upto: int
+    ) -> None:
         if req.deadline is not None and req.deadline < time.time():
             await self._fail(
-                req, "deadline_exceeded", "the request's deadline passed before it started"
+                req, "deadline_exceeded", "the deadline passed before generation started"
+            )
+            dl = DeadLetter(
+                reason="deadline_exceeded",
+                detail="the deadline passed before generation started",
+                topic=self.names.batches,
+                partition=partition,
+                offset=offset,
+                key=req.request_id,
+                original_b64=base64.b64encode(encode(req)).decode(),
+                request_id=req.request_id,
+            )
+            await self.producer.send_and_wait(
+                self.names.requests_dlq, encode(dl), key=req.request_id.encode()
             )
             return
         try:
@@ -268,8 +285,8 @@ class WorkerService:
                 self.deferred.pop(rid)
                 self.offsets.done(rid)
             elif claimed:
-                part, req = self.deferred.pop(rid)
-                await self._start_request(part, req, _last_seq(last))
+                part, offset, req = self.deferred.pop(rid)
+                await self._start_request(part, offset, req, _last_seq(last))
 
     # --- output -------------------------------------------------------------------------
     async def _publish(self) -> None:

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from shared.codec import decode
 from shared.kafka_io import ensure_topics
+from shared.messages import TokenEvent
 from shared.names import Names
 from shared.settings import CommonSettings
 
@@ -146,3 +152,91 @@ def make_stack(prefix: str, infra: dict[str, str], model_dir: str, log_dir: Path
         "PYTHONUNBUFFERED": "1",
     }
     return Stack(prefix, env, log_dir)
+
+
+class StreamRecorder:
+    """Records every token event published under a prefix (one pattern subscription), as a
+    client would receive them — duplicates included — to check streams after failures."""
+
+    def __init__(self, redis_url: str, names: Names) -> None:
+        self.client = aioredis.Redis.from_url(redis_url)
+        self.names = names
+        self.raw: dict[str, list[TokenEvent]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> StreamRecorder:
+        pubsub = self.client.pubsub()
+        await pubsub.psubscribe(self.names.token_channel("*"))
+        self._task = asyncio.create_task(self._listen(pubsub))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.client.aclose()
+
+    async def _listen(self, pubsub: Any) -> None:
+        try:
+            async for msg in pubsub.listen():
+                if msg["type"] == "pmessage":
+                    ev = decode(TokenEvent, msg["data"])
+                    self.raw.setdefault(ev.request_id, []).append(ev)
+        finally:
+            await pubsub.aclose()
+
+    def finished(self) -> set[str]:
+        return {rid for rid, evs in self.raw.items() if any(e.final for e in evs)}
+
+    async def wait_finished(self, request_ids: set[str], within_s: float, stack: Stack | None = None) -> None:
+        deadline = time.monotonic() + within_s
+        while not request_ids <= self.finished():
+            if stack is not None:
+                stack.check_alive()
+            if time.monotonic() > deadline:
+                missing = sorted(request_ids - self.finished())
+                logs = stack.logs() if stack else ""
+                raise TimeoutError(f"{len(missing)} streams unfinished, e.g. {missing[:3]}\n{logs}")
+            await asyncio.sleep(0.1)
+
+    def stream(self, request_id: str) -> list[TokenEvent]:
+        """The client's view: events by seq. Asserts that every duplicate delivery is
+        identical and that seqs are contiguous from 0 up to one final event."""
+        by_seq: dict[int, TokenEvent] = {}
+        for ev in self.raw.get(request_id, []):
+            if ev.seq in by_seq:
+                assert by_seq[ev.seq] == ev, f"{request_id}: seq {ev.seq} delivered with different content"
+            by_seq[ev.seq] = ev
+        seqs = sorted(by_seq)
+        assert seqs == list(range(len(seqs))), f"{request_id}: gap in {seqs}"
+        events = [by_seq[s] for s in seqs]
+        assert [e.final for e in events].count(True) == 1 and events[-1].final, request_id
+        return events
+
+
+async def produce(bootstrap: str, topic: str, values: list[bytes], keys: list[bytes] | None = None) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        futs = [
+            await producer.send(topic, v, key=keys[i] if keys else None) for i, v in enumerate(values)
+        ]
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+
+
+async def read_topic(bootstrap: str, topic: str, until: Callable[[list[bytes]], bool], within_s: float) -> list[bytes]:
+    """Values of a topic from the start, until ``until(values)`` holds or time runs out."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    values: list[bytes] = []
+    try:
+        deadline = time.monotonic() + within_s
+        while not until(values) and time.monotonic() < deadline:
+            for msgs in (await consumer.getmany(timeout_ms=300)).values():
+                values += [m.value for m in msgs]
+    finally:
+        await consumer.stop()
+    return values

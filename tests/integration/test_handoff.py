@@ -1,0 +1,154 @@
+"""Crash recovery and scale-out through Kafka consumer groups: nothing lost, nothing
+answered twice as the client sees it, outputs identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from shared.codec import decode, encode
+from shared.messages import (
+    Batch,
+    Completion,
+    GenerateRequest,
+    Priority,
+    ReplyTarget,
+    SamplingParams,
+)
+from tests.conftest import new_prefix
+from tests.integration.harness import Stack, StreamRecorder, make_stack, produce, read_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+FAST_FAILOVER = {"TW_SESSION_TIMEOUT_MS": "3000", "TW_CLAIM_TTL_S": "2"}
+WORDS = (
+    "the function returns a list of values for each key in the mapping if it is not None".split()
+)
+
+
+@pytest.fixture
+async def bare(infra: dict[str, str], model_dir: str) -> AsyncIterator[Stack]:
+    """A topic prefix with no processes yet: each test starts and kills its own."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    st = make_stack(new_prefix("handoff"), infra, model_dir, ARTIFACTS)
+    await st.create_topics(partitions=4)
+    try:
+        yield st
+    finally:
+        st.stop_all()
+
+
+def greedy_requests(
+    n: int, max_tokens: int, seed: int, reply_topic: str | None = None
+) -> list[GenerateRequest]:
+    rng = random.Random(seed)
+    return [
+        GenerateRequest(
+            prompt=" ".join(rng.choices(WORDS, k=rng.randint(3, 20))),
+            sampling=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+            reply=ReplyTarget(kafka_topic=reply_topic),
+        )
+        for _ in range(n)
+    ]
+
+
+def reference_tokens(model_dir: str, reqs: list[GenerateRequest], n: int) -> dict[str, list[int]]:
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    out = {}
+    with torch.inference_mode():
+        for r in reqs:
+            ids = tok(r.prompt, return_tensors="pt")["input_ids"]
+            gen = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=[])
+            out[r.request_id] = gen[0, ids.shape[1] :].tolist()
+    return out
+
+
+async def wait_for_progress(rec: StreamRecorder, streams: int, within_s: float = 60) -> None:
+    for _ in range(int(within_s * 10)):
+        if len(rec.raw) >= streams:
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"only {len(rec.raw)} streams started")
+
+
+async def test_worker_killed_mid_stream_another_takes_over(bare: Stack, model_dir: str) -> None:
+    st = bare
+    reqs = greedy_requests(100, 24, seed=1)
+    st.start("batcher")
+    st.start("worker", "w1", **FAST_FAILOVER, TW_MAX_RUNNING="16")
+    await st.wait_ready()
+    async with StreamRecorder(st.env["TW_REDIS_URL"], st.names) as rec:
+        await produce(st.env["TW_KAFKA_BOOTSTRAP"], st.names.requests, [encode(r) for r in reqs])
+        await wait_for_progress(rec, 20)
+        assert len(rec.finished()) < 100
+        st.stop("w1", signal.SIGKILL)
+        st.start("worker", "w2", **FAST_FAILOVER)
+        await rec.wait_finished({r.request_id for r in reqs}, within_s=240, stack=st)
+    expected = reference_tokens(model_dir, reqs, 24)
+    for r in reqs:
+        events = rec.stream(r.request_id)  # contiguous, one final, duplicates identical
+        assert [t for e in events for t in e.token_ids] == expected[r.request_id]
+        assert events[-1].finish_reason == "length"
+
+
+async def test_batcher_killed_and_restarted_answers_each_request_once(bare: Stack) -> None:
+    st = bare
+    reqs = greedy_requests(200, 4, seed=2)
+    st.start("batcher", "b1")
+    st.start("worker", **FAST_FAILOVER)
+    await st.wait_ready()
+    boot = st.env["TW_KAFKA_BOOTSTRAP"]
+    async with StreamRecorder(st.env["TW_REDIS_URL"], st.names) as rec:
+        await produce(boot, st.names.requests, [encode(r) for r in reqs[:100]])
+        await wait_for_progress(rec, 10)
+        st.stop("b1", signal.SIGKILL)
+        await produce(boot, st.names.requests, [encode(r) for r in reqs[100:]])
+        st.start("batcher", "b2", **FAST_FAILOVER)
+        await rec.wait_finished({r.request_id for r in reqs}, within_s=240, stack=st)
+    for r in reqs:
+        events = rec.stream(r.request_id)
+        assert sum(len(e.token_ids) for e in events) == 4
+
+
+async def test_two_batchers_and_two_workers_share_the_load(bare: Stack) -> None:
+    st = bare
+    reqs = greedy_requests(80, 6, seed=3, reply_topic=st.names.completions)
+    for i, r in enumerate(reqs):
+        r.tenant = f"tenant{i % 3}"
+        r.priority = Priority.BULK if i % 4 == 0 else Priority.INTERACTIVE
+    for name in ("b1", "b2"):
+        st.start("batcher", name)
+    for name in ("w1", "w2"):
+        st.start("worker", name, TW_MAX_RUNNING="8")
+    await st.wait_ready(workers=2)
+    await asyncio.sleep(3)  # let both groups settle their partitions
+    boot = st.env["TW_KAFKA_BOOTSTRAP"]
+    await produce(
+        boot,
+        st.names.requests,
+        [encode(r) for r in reqs],
+        keys=[r.request_id.encode() for r in reqs],
+    )
+    want = {r.request_id for r in reqs}
+    raw = await read_topic(
+        boot,
+        st.names.completions,
+        lambda vs: want <= {decode(Completion, v).request_id for v in vs},
+        180,
+    )
+    done = {decode(Completion, v).request_id: decode(Completion, v) for v in raw}
+    assert want <= done.keys(), st.logs()
+    assert {c.worker_id for c in done.values()} == {f"{st.prefix}-w1", f"{st.prefix}-w2"}
+    batches = await read_topic(boot, st.names.batches, lambda vs: False, 3)
+    batchers = {decode(Batch, v).batcher_id for v in batches}
+    assert len(batchers) == 2
