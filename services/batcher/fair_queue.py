@@ -25,6 +25,8 @@ class FairQueue(Generic[T]):
     """Deficit round-robin over tenants, one round-robin per priority class."""
 
     def __init__(self, quantum: int = 512, classes: int = 2) -> None:
+        if quantum < 1:
+            raise ValueError("quantum must be at least one token")
         self.quantum = quantum
         self._classes: list[OrderedDict[str, deque[Queued[T]]]] = [
             OrderedDict() for _ in range(classes)
@@ -79,7 +81,7 @@ class FairQueue(Generic[T]):
     def remove_if(self, pred: Callable[[Queued[T]], bool]) -> list[Queued[T]]:
         """Take out every queued request matching ``pred`` (expired, revoked, …)."""
         removed: list[Queued[T]] = []
-        for tenants in self._classes:
+        for prio, tenants in enumerate(self._classes):
             for tenant in list(tenants):
                 keep = deque(q for q in tenants[tenant] if not pred(q))
                 removed += [q for q in tenants[tenant] if pred(q)]
@@ -87,6 +89,7 @@ class FairQueue(Generic[T]):
                     tenants[tenant] = keep
                 else:
                     del tenants[tenant]
+                    self._deficit.pop((prio, tenant), None)
         self.count -= len(removed)
         self.tokens -= sum(q.cost for q in removed)
         return removed

@@ -2,7 +2,9 @@
 
 A batch opens with the first queued request and is dispatched as soon as it fills the free
 capacity of the workers it targets, or when its window expires. An idle system adds no
-wait: if a worker has room for everything queued, dispatch happens at once.
+wait: if a worker has room for everything queued, dispatch happens at once. What is
+dispatched is capped by the workers' free slots: while every worker is full, requests wait
+here, in fair order, rather than in the workers' FIFO queues.
 
 The window slides between ``min_ms`` and ``max_ms`` with load: it stretches toward
 ``max_ms`` as workers saturate (bigger prefill groups, fewer hand-offs) and shrinks back
@@ -20,6 +22,10 @@ class WindowPolicy:
     max_ms: float = 100.0
     max_requests: int = 64
     target_wait_ms: float = 200.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_ms <= self.max_ms or self.target_wait_ms <= 0 or self.max_requests < 1:
+            raise ValueError("need 0 <= min_ms <= max_ms, target_wait_ms > 0, max_requests >= 1")
 
     def window_ms(self, saturation: float, oldest_wait_ms: float) -> float:
         """The window for the current load. ``saturation`` in [0, 1]: share of worker

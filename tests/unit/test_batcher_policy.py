@@ -1,121 +1,288 @@
-"""The batcher's pure policies: when a batch goes out, and to which worker partition."""
+"""The batcher's pure policies: when a batch goes out (WindowPolicy), to which worker each
+request goes (Router), and which Kafka partition carries it (partition_for)."""
 
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from services.batcher.routing import pick_partition, pick_worker
+from services.batcher.routing import Router, RoutingMode, WorkerView, partition_for
 from services.batcher.window import WindowPolicy
 from shared.messages import WorkerHeartbeat
+from shared.prefix_hash import block_hashes
 
-POLICY = WindowPolicy(min_ms=50.0, max_ms=100.0, max_requests=8)
-T0 = 1_700_000_000.0  # a realistic wall-clock time
-EPS = 0.01  # ms; float time arithmetic is not exact at this magnitude
-
-
-def after(ms: float) -> float:
-    return T0 + ms / 1000.0
+POLICY = WindowPolicy(min_ms=50.0, max_ms=100.0, max_requests=8, target_wait_ms=200.0)
+EPS = 0.01  # ms
 
 
-def worker(wid: str, parts: list[int], free: int = 0, kv: int = 0) -> WorkerHeartbeat:
-    return WorkerHeartbeat(worker_id=wid, partitions=parts, free_slots=free, free_kv_tokens=kv)
+# --- window length -----------------------------------------------------------------------------
+def test_window_is_min_at_zero_saturation_and_max_at_full_saturation() -> None:
+    assert POLICY.window_ms(0.0, 0.0) == 50.0
+    assert POLICY.window_ms(1.0, 0.0) == 100.0
+    assert POLICY.window_ms(0.5, 0.0) == 75.0
 
 
-# --- window ------------------------------------------------------------------------------------
-def test_window_is_longer_when_saturated() -> None:
-    assert POLICY.window_ms(saturated=False) == 50.0
-    assert POLICY.window_ms(saturated=True) == 100.0
+def test_saturation_outside_zero_one_is_clamped() -> None:
+    assert POLICY.window_ms(-3.0, 0.0) == 50.0
+    assert POLICY.window_ms(7.0, 0.0) == 100.0
 
 
-def test_an_empty_batch_is_never_dispatched() -> None:
-    assert not POLICY.should_dispatch(0, T0, after(10_000), free_slots=100)
-    assert not POLICY.should_dispatch(0, T0, after(10_000), free_slots=None)
-
-
-def test_an_idle_worker_gets_the_batch_at_once() -> None:
-    assert POLICY.should_dispatch(1, T0, T0, free_slots=1)
-    assert POLICY.should_dispatch(3, T0, T0, free_slots=10)
-
-
-def test_a_full_batch_goes_at_once_even_to_a_saturated_worker() -> None:
-    assert POLICY.should_dispatch(8, T0, T0, free_slots=0)
-    assert POLICY.should_dispatch(9, T0, T0, free_slots=None)
-    assert not POLICY.should_dispatch(7, T0, T0, free_slots=0)
-
-
-@pytest.mark.parametrize("free", [None, 1, 4])
-def test_without_room_for_all_the_short_window_applies(free: int | None) -> None:
-    size = 5
-    assert not POLICY.should_dispatch(size, T0, after(0), free)
-    assert not POLICY.should_dispatch(size, T0, after(50 - EPS), free)
-    assert POLICY.should_dispatch(size, T0, after(50 + EPS), free)
-    assert POLICY.should_dispatch(size, T0, after(75), free)
-
-
-@pytest.mark.parametrize("free", [0, -3])
-def test_a_saturated_worker_waits_the_long_window(free: int) -> None:
-    # free_slots goes negative when the batcher counts its own dispatches between heartbeats
-    assert not POLICY.should_dispatch(2, T0, after(50 + EPS), free)
-    assert not POLICY.should_dispatch(2, T0, after(100 - EPS), free)
-    assert POLICY.should_dispatch(2, T0, after(100 + EPS), free)
-
-
-def test_the_window_boundary_is_inclusive() -> None:
-    assert POLICY.should_dispatch(2, 0.0, 0.05, free_slots=1)
-    assert POLICY.should_dispatch(2, 0.0, 0.1, free_slots=0)
+def test_window_shrinks_toward_min_as_the_oldest_wait_nears_the_target() -> None:
+    lengths = [POLICY.window_ms(1.0, wait) for wait in (0.0, 50.0, 100.0, 150.0, 200.0)]
+    assert lengths == [100.0, 87.5, 75.0, 62.5, 50.0]
+    assert POLICY.window_ms(1.0, 10_000.0) == 50.0  # past the target: the short window
+    assert POLICY.window_ms(0.0, 150.0) == 50.0  # an idle system is already at the minimum
 
 
 def test_default_policy_is_bounded() -> None:
     p = WindowPolicy()
     assert 0 < p.min_ms <= p.max_ms
     assert p.max_requests >= 1
+    assert p.target_wait_ms > 0
 
 
-# --- choosing a worker ---------------------------------------------------------------------------
-def test_no_worker_without_partitions() -> None:
-    assert pick_worker([], 1) is None
-    assert pick_worker([worker("a", [], free=10)], 1) is None
+bounds = st.tuples(
+    st.floats(0.0, 1_000.0, allow_nan=False), st.floats(0.0, 1_000.0, allow_nan=False)
+).map(sorted)
 
 
-def test_the_worker_with_most_free_slots_wins() -> None:
-    ws = [worker("a", [0], free=2), worker("b", [1], free=7), worker("c", [2], free=5)]
-    chosen = pick_worker(ws, 3)
-    assert chosen is not None and chosen.worker_id == "b"
+@settings(max_examples=300, deadline=None)
+@given(
+    bounds,
+    st.floats(1.0, 5_000.0, allow_nan=False),
+    st.floats(-10.0, 10.0, allow_nan=False),
+    st.floats(-1_000.0, 1e7, allow_nan=False),
+)
+def test_window_never_leaves_its_bounds(
+    mm: list[float], target: float, saturation: float, wait: float
+) -> None:
+    p = WindowPolicy(min_ms=mm[0], max_ms=mm[1], target_wait_ms=target)
+    w = p.window_ms(saturation, wait)
+    assert p.min_ms <= w <= p.max_ms + 1e-9
 
 
-def test_a_worker_holding_no_partition_is_skipped_however_idle() -> None:
-    ws = [worker("a", [0], free=1), worker("idle", [], free=64)]
-    chosen = pick_worker(ws, 1)
-    assert chosen is not None and chosen.worker_id == "a"
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(0.0, 1.0, allow_nan=False),
+    st.floats(0.0, 1.0, allow_nan=False),
+    st.floats(0.0, 1_000.0, allow_nan=False),
+    st.floats(0.0, 1_000.0, allow_nan=False),
+)
+def test_window_grows_with_saturation_and_shrinks_with_wait(
+    s1: float, s2: float, t1: float, t2: float
+) -> None:
+    lo_s, hi_s = sorted((s1, s2))
+    lo_t, hi_t = sorted((t1, t2))
+    assert POLICY.window_ms(lo_s, lo_t) <= POLICY.window_ms(hi_s, lo_t) + 1e-9
+    assert POLICY.window_ms(hi_s, hi_t) <= POLICY.window_ms(hi_s, lo_t) + 1e-9
 
 
-def test_ties_break_on_free_kv_then_worker_id() -> None:
-    ws = [worker("a", [0], free=4, kv=100), worker("b", [1], free=4, kv=900)]
-    chosen = pick_worker(ws, 1)
-    assert chosen is not None and chosen.worker_id == "b"
-    ws = [worker("b", [1], free=4, kv=5), worker("a", [0], free=4, kv=5)]
-    first = pick_worker(ws, 1)
-    assert first is not None and first.worker_id == "b"
-    again = pick_worker(list(reversed(ws)), 1)
-    assert again is not None and again.worker_id == "b"  # independent of listing order
+# --- when to dispatch --------------------------------------------------------------------------
+@pytest.mark.parametrize("free", [None, 0, 5, 100])
+def test_an_empty_queue_is_never_dispatched(free: int | None) -> None:
+    assert not POLICY.should_dispatch(0, 10_000.0, free, 1.0)
+    assert not POLICY.should_dispatch(0, 0.0, free, 0.0)
+
+
+def test_an_idle_system_dispatches_at_once_when_the_workers_have_room() -> None:
+    assert POLICY.should_dispatch(1, 0.0, 1, 0.0)
+    assert POLICY.should_dispatch(3, 0.0, 3, 0.0)
+    assert POLICY.should_dispatch(3, 0.0, 10, 0.9)
+
+
+def test_without_room_for_everything_queued_the_window_applies() -> None:
+    assert not POLICY.should_dispatch(3, 0.0, 2, 0.0)
+    assert not POLICY.should_dispatch(3, 50.0 - EPS, 2, 0.0)
+    assert POLICY.should_dispatch(3, 50.0, 2, 0.0)
+
+
+@pytest.mark.parametrize("free", [None, -3, 0, 1])
+def test_a_full_batch_goes_at_once(free: int | None) -> None:
+    assert POLICY.should_dispatch(8, 0.0, free, 1.0)
+    assert POLICY.should_dispatch(9, 0.0, free, 1.0)
+    assert not POLICY.should_dispatch(7, 0.0, free, 1.0)
+
+
+def test_with_no_worker_known_dispatch_waits_for_the_short_window_when_idle() -> None:
+    assert not POLICY.should_dispatch(1, 0.0, None, 0.0)
+    assert not POLICY.should_dispatch(1, 50.0 - EPS, None, 0.0)
+    assert POLICY.should_dispatch(1, 50.0, None, 0.0)
+
+
+@pytest.mark.parametrize("free", [None, 0, -2])
+def test_a_saturated_system_dispatches_where_wait_meets_the_shrinking_window(
+    free: int | None,
+) -> None:
+    # At full saturation the window is 100 - 50 * wait / 200, which the wait meets at 80 ms:
+    # later than the short window, sooner than the long one.
+    assert not POLICY.should_dispatch(2, 50.0 + EPS, free, 1.0)
+    assert not POLICY.should_dispatch(2, 80.0 - EPS, free, 1.0)
+    assert POLICY.should_dispatch(2, 80.0, free, 1.0)
+    assert POLICY.should_dispatch(2, 100.0, free, 1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 7),
+    st.floats(0.0, 1.0, allow_nan=False),
+    st.floats(0.0, 1_000.0, allow_nan=False),
+    st.floats(0.0, 1_000.0, allow_nan=False),
+)
+def test_with_no_worker_known_dispatch_is_exactly_the_window_and_stays_on(
+    queued: int, saturation: float, t1: float, t2: float
+) -> None:
+    go = POLICY.should_dispatch(queued, t1, None, saturation)
+    assert go == (t1 >= POLICY.window_ms(saturation, t1))
+    if t1 >= POLICY.min_ms and saturation == 0.0:
+        assert go
+    if t1 >= POLICY.max_ms:
+        assert go  # the long window is an upper bound on any request's wait
+    if go and t2 >= t1:
+        assert POLICY.should_dispatch(queued, t2, None, saturation)  # once due, stays due
+
+
+# --- routing -----------------------------------------------------------------------------------
+def view(
+    wid: str,
+    free: int = 4,
+    kv: int = 1_000,
+    hashes: list[int] | None = None,
+    parts: list[int] | None = None,
+) -> WorkerView:
+    hb = WorkerHeartbeat(
+        worker_id=wid,
+        partitions=parts if parts is not None else [],
+        free_slots=free,
+        free_kv_tokens=kv,
+        prefix_hashes=hashes or [],
+    )
+    return WorkerView.of(hb)
+
+
+PROMPT = list(range(1, 65))
+H = block_hashes(PROMPT, 16)  # four chained leading-block hashes
+
+
+def test_worker_view_copies_the_heartbeat() -> None:
+    w = view("a", free=3, kv=700, hashes=[1, 2], parts=[4])
+    assert (w.worker_id, w.free_slots, w.free_tokens, w.hashes) == ("a", 3, 700, {1, 2})
+    w.free_slots -= 1  # spent locally; the heartbeat is untouched
+    assert w.hb.free_slots == 3
+
+
+def test_a_request_goes_to_the_worker_holding_its_deepest_prefix() -> None:
+    ws = [
+        view("shallow", free=8, hashes=H[:1]),
+        view("deep", free=1, hashes=H[:3]),
+        view("idle", free=16),
+    ]
+    assert Router().route(H, ws).worker_id == "deep"
+    assert Router().route(H[:1], ws).worker_id in {"shallow", "deep"}
+
+
+def test_several_holders_of_the_deepest_prefix_share_by_load() -> None:
+    ws = [
+        view("a", free=2, hashes=H[:2]),
+        view("b", free=5, hashes=H[:2]),
+        view("c", free=9, hashes=H[:1]),
+        view("d", free=20),
+    ]
+    assert Router().route(H, ws).worker_id == "b"
+
+
+def test_a_holder_without_a_free_slot_is_passed_over() -> None:
+    ws = [view("full", free=0, hashes=H), view("half", free=3, hashes=H[:1]), view("x", free=9)]
+    assert Router().route(H, ws).worker_id == "half"
+
+
+def test_the_home_worker_is_stable_and_independent_of_listing_order() -> None:
+    ws = [view(f"w{i}", free=4) for i in range(5)]
+    router = Router()
+    home = router.route(H, ws).worker_id
+    for _ in range(5):
+        assert router.route(H, ws).worker_id == home
+    assert Router().route(H, list(reversed(ws))).worker_id == home
+    assert Router().route(H, ws[2:] + ws[:2]).worker_id == home
+
+
+def test_the_home_is_keyed_by_the_first_block_so_a_shared_prefix_goes_home_together() -> None:
+    ws = [view(f"w{i}", free=4) for i in range(5)]
+    other_tail = block_hashes(PROMPT[:16] + [999] * 48, 16)
+    assert other_tail[0] == H[0] and other_tail[1:] != H[1:]
+    assert Router().route(other_tail, ws).worker_id == Router().route(H, ws).worker_id
+
+
+def test_different_prefixes_spread_over_the_workers() -> None:
+    ws = [view(f"w{i}", free=4) for i in range(4)]
+    homes = Counter(Router().route(block_hashes([p] * 16, 16), ws).worker_id for p in range(400))
+    assert set(homes) == {w.worker_id for w in ws}
+    assert min(homes.values()) >= 50  # about 100 each; no worker hogs the prefixes
+
+
+def test_an_overloaded_home_hands_the_request_to_the_least_loaded() -> None:
+    ids = [f"w{i}" for i in range(4)]
+    home = Router().route(H, [view(i) for i in ids]).worker_id
+    spare = next(i for i in ids if i != home)
+    for full in (0, -2):  # free_slots goes negative as the batcher spends it locally
+        slots = {i: full if i == home else 7 if i == spare else 2 for i in ids}
+        assert Router().route(H, [view(i, free=slots[i]) for i in ids]).worker_id == spare
+
+
+def test_no_hashes_go_to_the_least_loaded() -> None:
+    ws = [view("a", free=2, hashes=H), view("b", free=9), view("c", free=5)]
+    assert Router().route([], ws).worker_id == "b"
+
+
+def test_least_loaded_breaks_ties_on_free_tokens_then_worker_id() -> None:
+    ws = [view("a", free=4, kv=100), view("b", free=4, kv=900)]
+    assert Router().route([], ws).worker_id == "b"
+    ws = [view("a", free=4, kv=5), view("b", free=4, kv=5)]
+    assert Router().route([], ws).worker_id == Router().route([], ws[::-1]).worker_id
+
+
+def test_least_loaded_mode_ignores_the_prefix() -> None:
+    ws = [view("holder", free=1, hashes=H), view("b", free=9)]
+    assert Router(RoutingMode.LEAST_LOADED).route(H, ws).worker_id == "b"
+    assert Router(RoutingMode.AFFINITY).route(H, ws).worker_id == "holder"
+
+
+def test_round_robin_cycles_through_the_workers() -> None:
+    ws = [view("a", hashes=H), view("b", free=100), view("c", free=0)]
+    router = Router(RoutingMode.ROUND_ROBIN)
+    picks = [router.route(H, ws).worker_id for _ in range(9)]
+    assert Counter(picks) == {"a": 3, "b": 3, "c": 3}
+    assert picks[:3] == picks[3:6] == picks[6:]
+    assert len(set(picks[:3])) == 3
+
+
+def test_routing_modes_parse_from_settings_strings() -> None:
+    assert RoutingMode("affinity") is RoutingMode.AFFINITY
+    assert RoutingMode("round_robin") is RoutingMode.ROUND_ROBIN
+    assert RoutingMode("least_loaded") is RoutingMode.LEAST_LOADED
 
 
 # --- choosing a partition ----------------------------------------------------------------------
 def test_partition_belongs_to_the_chosen_worker_and_is_stable() -> None:
-    w = worker("a", [3, 5, 11])
-    keys = [f"bat-{i}" for i in range(200)]
-    chosen = [pick_partition(w, k, 16) for k in keys]
+    w = view("a", parts=[3, 5, 11])
+    keys = [f"req-{i}" for i in range(200)]
+    chosen = [partition_for(w, k, 16) for k in keys]
     assert set(chosen) == {3, 5, 11}  # spread over all of the worker's partitions
-    assert chosen == [pick_partition(w, k, 16) for k in keys]
+    assert chosen == [partition_for(w, k, 16) for k in keys]
+
+
+def test_a_worker_owning_no_partition_falls_back_to_the_stable_hash() -> None:
+    assert partition_for(view("a", parts=[]), "req-x", 6) == zlib.crc32(b"req-x") % 6
 
 
 def test_without_a_worker_the_partition_is_a_stable_hash() -> None:
-    assert pick_partition(None, "bat-x", 6) == zlib.crc32(b"bat-x") % 6
-    parts = {pick_partition(None, f"k{i}", 6) for i in range(200)}
+    assert partition_for(None, "req-x", 6) == zlib.crc32(b"req-x") % 6
+    parts = {partition_for(None, f"k{i}", 6) for i in range(200)}
     assert parts == set(range(6))
 
 
 def test_unknown_partition_count_falls_back_to_partition_zero() -> None:
-    assert pick_partition(None, "anything", 0) == 0
+    assert partition_for(None, "anything", 0) == 0
