@@ -14,6 +14,7 @@ from shared.messages import (
     SEED_MAX,
     WIRE_MODELS,
     Batch,
+    BatcherStatus,
     CancelRequest,
     ChatMessage,
     Completion,
@@ -86,6 +87,7 @@ SAMPLES = [
     ),
     Batch(batcher_id="b1", requests=[GenerateRequest(prompt="a"), full_request()]),
     WorkerHeartbeat(worker_id="w1", partitions=[0, 3], free_slots=5, prefix_hashes=[-1, 2**62]),
+    BatcherStatus(batcher_id="b1", queued_requests=3, queued_tokens=900, paused=True),
     CancelRequest(request_id="r4"),
     DeadLetter(
         reason="undecodable",
