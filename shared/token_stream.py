@@ -77,7 +77,7 @@ async def read_log_raw(
     """The encoded events of a request's replay log with seq >= ``from_seq``, in order
     (for relays that pass the bytes on without building models)."""
     entries = await client.xrange(names.token_log(request_id), min=log_id(from_seq), max="+")
-    return [fields[b"d"] for _, fields in entries or ()]  # type: ignore[index]
+    return [fields[b"d"] for _, fields in entries or ()]  # type: ignore[index,misc]
 
 
 async def follow(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from services.edge.auth import parse_key_list
 from shared.settings import CommonSettings
 from shared.token_stream import LOG_TTL_S
 
@@ -17,8 +18,9 @@ class EdgeSettings(CommonSettings):
     port: int = Field(8000, ge=0, le=65535)
     model_name: str = Field("tokenwire-tiny", description="the model id clients ask for")
     model_dir: str = Field(
-        "", description="local HF model folder: its tokenizer counts prompt tokens, its config "
-        "gives the context length (empty: no prompt-length checks, estimated token counts)"
+        "",
+        description="local HF model folder: its tokenizer counts prompt tokens, its config "
+        "gives the context length (empty: no prompt-length checks, estimated token counts)",
     )
     request_timeout_s: float = Field(300.0, gt=0, description="give up on a silent stream")
     keepalive_s: float = Field(10.0, gt=0, description="SSE comment interval while waiting")
@@ -52,3 +54,9 @@ class EdgeSettings(CommonSettings):
     # --- streams -------------------------------------------------------------------------
     owner_ttl_s: int = Field(LOG_TTL_S, ge=1, description="how long a request can be resumed")
     cancel_wait_s: float = Field(5.0, gt=0, description="how long a cancel waits for the end")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_parse(cls, value: str) -> str:
+        parse_key_list(value)  # fail at start-up, naming the variable
+        return value

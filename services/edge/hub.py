@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from typing import Any, Final
@@ -204,11 +205,11 @@ class Hub:
         for channel in self._sinks:
             old = self._ready[channel]
             fut = self._send_subscribe(channel)
-            fut.add_done_callback(lambda _, ch=channel, old=old: self._resync(ch, old))
+            fut.add_done_callback(functools.partial(self._resync, channel, old))
             self._ready[channel] = fut
         return reader
 
-    def _resync(self, channel: bytes, old: asyncio.Future[None]) -> None:
+    def _resync(self, channel: bytes, old: asyncio.Future[None], _: object = None) -> None:
         if not old.done():
             old.set_result(None)
         for q in self._sinks.get(channel, ()):

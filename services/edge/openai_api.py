@@ -1,12 +1,27 @@
-"""OpenAI-compatible request bodies and their mapping onto ``GenerateRequest``."""
+"""OpenAI-compatible request bodies and their mapping onto ``GenerateRequest``.
+
+Every constraint the wire models enforce is repeated here, so a bad value is a 400 from
+the request's validation (and shows in the OpenAPI schema), never an error further on.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.messages import ChatMessage, GenerateRequest, Priority, SamplingParams
+from shared.messages import (
+    MAX_STOP_STRINGS,
+    SEED_MAX,
+    ChatMessage,
+    GenerateRequest,
+    Priority,
+    SamplingParams,
+)
+
+StopString = Annotated[str, Field(min_length=1, max_length=256)]
+StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
+PromptList = Annotated[list[str], Field(min_length=1, max_length=1)]
 
 
 class StreamOptions(BaseModel):
@@ -16,54 +31,102 @@ class StreamOptions(BaseModel):
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    model: str
+    model: str = Field(max_length=256)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="tokenwire extension")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = None
+    top_k: int = Field(0, ge=0, le=1_000_000, description="tokenwire extension; 0 disables")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
+    stop: StopString | StopList | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
-    user: str | None = None
-    priority: Priority = Priority.INTERACTIVE
+    n: int = Field(1, ge=1, le=1, description="only one choice per request")
+    user: str | None = Field(None, max_length=256)
+    priority: Priority = Field(Priority.INTERACTIVE, description="tokenwire extension")
+    ignore_eos: bool = Field(False, description="tokenwire extension: run to max_tokens")
+    resumable: bool = Field(
+        False,
+        description="tokenwire extension: keep generating when the client disconnects, "
+        "so it can resume with GET /v1/requests/{id}/stream (otherwise a disconnect cancels)",
+    )
 
-    def sampling(self, default_max_tokens: int) -> SamplingParams:
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def sampling(self, max_tokens: int) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(
-            max_tokens=self.max_tokens or default_max_tokens,
+            max_tokens=max_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
             seed=self.seed,
             stop=stop,
+            ignore_eos=self.ignore_eos,
         )
 
 
 class CompletionBody(_Common):
-    prompt: str = Field(max_length=4_000_000)
+    """``POST /v1/completions``."""
 
-    def to_request(self, tenant: str, default_max_tokens: int = 16) -> GenerateRequest:
+    prompt: str | PromptList = Field(description="a string (or a list holding one)")
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def to_request(self, request_id: str, tenant: str, max_tokens: int) -> GenerateRequest:
         return GenerateRequest(
+            request_id=request_id,
             tenant=tenant,
             priority=self.priority,
             model=self.model,
-            prompt=self.prompt,
-            sampling=self.sampling(default_max_tokens),
+            prompt=self.prompt_text(),
+            sampling=self.sampling(max_tokens),
             stream=self.stream,
         ).with_seed()
 
 
-class ChatBody(_Common):
-    messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
 
-    def to_request(self, tenant: str, default_max_tokens: int = 256) -> GenerateRequest:
+
+class ChatMessageBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def to_wire(self) -> ChatMessage:
+        parts = self.content
+        text = parts if isinstance(parts, str) else "".join(p.text for p in parts)
+        role = "system" if self.role == "developer" else self.role
+        return ChatMessage(role=role, content=text)
+
+
+class ChatBody(_Common):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessageBody] = Field(min_length=1, max_length=1024)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def wire_messages(self) -> list[ChatMessage]:
+        return [m.to_wire() for m in self.messages]
+
+    def to_request(self, request_id: str, tenant: str, max_tokens: int) -> GenerateRequest:
         return GenerateRequest(
+            request_id=request_id,
             tenant=tenant,
             priority=self.priority,
             model=self.model,
-            messages=self.messages,
-            sampling=self.sampling(default_max_tokens),
+            messages=self.wire_messages(),
+            sampling=self.sampling(max_tokens),
             stream=self.stream,
         ).with_seed()

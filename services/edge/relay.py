@@ -31,6 +31,7 @@ class EventStream:
         self.request_id = request_id
         self.next_seq = after_seq + 1
         self.finished = False
+        self.final_event: Event | None = None
         self._hub = hub
         self._redis = redis
         self._names = names
@@ -59,16 +60,16 @@ class EventStream:
     async def __aexit__(self, *_: object) -> None:
         self.close()
 
-    async def next(self, timeout: float) -> list[Event]:
+    async def next(self, wait_s: float) -> list[Event]:
         """The next events (one or more, the final one last), or ``[]`` when none came
-        within ``timeout`` seconds or the stream has finished."""
+        within ``wait_s`` seconds or the stream has finished."""
         if self._ready:
             out, self._ready = self._ready, []
             return out
         if self.finished:
             return []
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + wait_s
         while True:
             if self._queue.empty():
                 try:
@@ -115,6 +116,7 @@ class EventStream:
         out.append(ev)
         if ev.get("finish_reason") is not None:
             self.finished = True
+            self.final_event = ev
 
     async def _replay(self, *, include_last_seen: bool = False) -> None:
         """Move the log's events from ``next_seq`` on into the ready list. With
@@ -128,5 +130,6 @@ class EventStream:
             ev = orjson.loads(raw)
             if ev["seq"] == self.next_seq - 1 and ev.get("finish_reason") is not None:
                 self.finished = True
+                self.final_event = ev
             if ev["seq"] == self.next_seq and not self.finished:
                 self._take(ev, self._ready)

@@ -1,0 +1,46 @@
+"""Cancellation: broadcast a ``CancelRequest`` until the request's final event shows.
+
+Workers abort a request they hold within one engine step and publish a final event with
+``finish_reason: "cancelled"``. A request still queued in Kafka or a batcher is held by no
+worker yet, so the broadcast repeats until the final event appears or time runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.edge.relay import Event, EventStream
+from services.edge.state import EdgeState
+from shared import token_stream
+from shared.codec import encode
+from shared.messages import CancelRequest
+
+RESEND_S = 0.5
+
+
+async def owner_of(st: EdgeState, request_id: str) -> str | None:
+    raw = await st.redis.get(st.names.owner(request_id))
+    if raw is None:
+        return None
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
+async def cancel_request(st: EdgeState, request_id: str, tenant: str, source: str) -> Event | None:
+    """Cancel and wait for the request's final event (returned; ``None`` on timeout)."""
+    st.metrics.cancels.labels(source).inc()
+    tail = await token_stream.last_published_seq(st.redis, st.names, request_id)
+    stream = EventStream(st.hub, st.redis, st.names, request_id, after_seq=tail)
+    msg = encode(CancelRequest(request_id=request_id, tenant=tenant))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + st.settings.cancel_wait_s
+    async with stream:
+        if stream.final_event is not None:
+            return stream.final_event
+        while loop.time() < deadline:
+            await st.redis.publish(st.names.cancel_channel, msg)
+            resend_at = min(deadline, loop.time() + RESEND_S)
+            while (left := resend_at - loop.time()) > 0:
+                await stream.next(left)
+                if stream.final_event is not None:
+                    return stream.final_event
+    return None

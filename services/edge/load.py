@@ -1,0 +1,75 @@
+"""The batchers' queue depth, read in the background so admission never waits on it.
+
+Batchers refresh ``BatcherStatus`` under short-lived keys; the edge sums them every
+``refresh_s`` and sheds load (503) while the total queue exceeds the limit, before
+queues grow without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from shared.codec import DecodeError, decode
+from shared.messages import BatcherStatus
+from shared.names import Names
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    batchers: int = 0
+    queued_requests: int = 0
+    queued_tokens: int = 0
+
+
+class LoadWatcher:
+    """Keeps ``current`` up to date with the sum of every live batcher's status."""
+
+    def __init__(self, redis: aioredis.Redis, names: Names, refresh_s: float) -> None:
+        self._redis = redis
+        self._names = names
+        self._refresh_s = refresh_s
+        self.current = Load()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="edge-load")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def refresh(self) -> Load:
+        keys = [
+            k
+            async for k in self._redis.scan_iter(
+                match=self._names.batcher_status_prefix + "*", count=100
+            )
+        ]
+        statuses = []
+        for raw in await self._redis.mget(keys) if keys else []:
+            if raw:
+                try:
+                    statuses.append(decode(BatcherStatus, raw))
+                except DecodeError:
+                    continue
+        self.current = Load(
+            batchers=len(statuses),
+            queued_requests=sum(s.queued_requests for s in statuses),
+            queued_tokens=sum(s.queued_tokens for s in statuses),
+        )
+        return self.current
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception as exc:  # Redis hiccup: keep the last reading, try again
+                log.warning("cannot read batcher status: %s", exc)
+            await asyncio.sleep(self._refresh_s)

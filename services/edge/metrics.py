@@ -1,0 +1,41 @@
+"""The edge's Prometheus metrics, in a registry of its own (never the global default, so
+several apps in one process, as in tests, do not collide)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "EdgeMetrics"]
+
+
+class EdgeMetrics:
+    """Counters and gauges of one edge process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "tw_edge_requests", "HTTP requests answered", ["route", "status"], registry=r
+        )
+        self.rejected = Counter(
+            "tw_edge_rejected", "requests refused before reaching Kafka", ["reason"], registry=r
+        )
+        self.submitted = Counter(
+            "tw_edge_submitted", "generation requests published", ["endpoint"], registry=r
+        )
+        self.events = Counter("tw_edge_events_relayed", "token events relayed", registry=r)
+        self.streams = Gauge("tw_edge_streams_active", "streams being relayed", registry=r)
+        self.cancels = Counter("tw_edge_cancels", "cancellations sent", ["source"], registry=r)
+        self.first_event = Histogram(
+            "tw_edge_first_event_seconds",
+            "submission to first token event",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.queued = Gauge(
+            "tw_edge_batcher_queued_requests", "requests queued in batchers (last read)", registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,85 @@
+"""What the edge knows about the served model: its context length and a tokenizer to count
+prompt tokens, so over-long prompts get a 400 here instead of an error from a worker.
+
+Loaded with ``tokenizers`` and the model's Jinja chat template (not ``transformers``): the
+counts match the worker's tokenizer (a unit test checks) for a fraction of the start-up
+cost. Without a model folder, token counts are estimated and lengths are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.messages import ChatMessage
+
+# Above this many characters, tokenizing moves off the event loop.
+INLINE_TOKENIZE_CHARS = 16_384
+
+
+@dataclass
+class ModelInfo:
+    """The served model's context length and, when known, its tokenizer."""
+
+    context: int | None = None
+    tokenizer: Any = None
+    chat_template: Any = None
+
+    @classmethod
+    def load(cls, model_dir: str) -> ModelInfo:
+        if not model_dir:
+            return cls()
+        folder = Path(model_dir)
+        config = json.loads((folder / "config.json").read_text())
+        context = config.get("max_position_embeddings") or config.get("n_positions")
+        tokenizer = template = None
+        if (folder / "tokenizer.json").exists():
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            template = _chat_template(folder)
+        return cls(int(context) if context else None, tokenizer, template)
+
+    def count_prompt(self, prompt: str) -> int:
+        """Prompt tokens as the worker counts them (special tokens added)."""
+        if self.tokenizer is None:
+            return estimate_tokens(prompt)
+        return len(self.tokenizer.encode(prompt).ids)
+
+    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
+        """Tokens of the conversation rendered with the model's chat template."""
+        msgs = [{"role": m.role, "content": m.content} for m in messages]
+        if self.tokenizer is None or self.chat_template is None:
+            return estimate_tokens("".join(m["content"] for m in msgs)) + 4 * len(msgs)
+        text = self.chat_template.render(messages=msgs, add_generation_prompt=True)
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough count for rate limiting when no tokenizer is configured."""
+    return len(text) // 4 + 1
+
+
+class TemplateError(ValueError):
+    """The chat template refused the conversation (e.g. an unsupported role)."""
+
+
+def _chat_template(folder: Path) -> Any:
+    source = None
+    if (folder / "chat_template.jinja").exists():
+        source = (folder / "chat_template.jinja").read_text()
+    elif (folder / "tokenizer_config.json").exists():
+        source = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+    if not isinstance(source, str):
+        return None
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source)

@@ -1,0 +1,179 @@
+"""Responses that relay a request's event stream: SSE, or one JSON body at the end.
+
+Both are plain ASGI callables (Starlette ``Response`` subclasses, so routes can return
+them) that own their ``EventStream``: they watch for the client going away while they wait,
+unsubscribe deterministically, and cancel the request on a disconnect when asked to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from services.edge.cancel import cancel_request
+from services.edge.relay import Event, EventStream
+from services.edge.shapes import CLIENT_ERROR_CODES, Shape, error_of
+from services.edge.sse import DONE, KEEPALIVE, frame
+from services.edge.state import EdgeState
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+@dataclass
+class RelayPlan:
+    """What a relay needs besides the stream."""
+
+    st: EdgeState
+    stream: EventStream
+    shape: Shape
+    tenant: str
+    cancel_on_disconnect: bool
+    include_usage: bool = False
+    submitted_at: float | None = None  # for the first-event latency metric
+
+
+class _Relay(Response):
+    def __init__(self, plan: RelayPlan) -> None:
+        super().__init__(status_code=200)
+        self.plan = plan
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        plan = self.plan
+        plan.st.metrics.streams.inc()
+        completed = False
+        try:
+            completed = await _until_disconnect(receive, self.relay(send))
+        finally:
+            plan.stream.close()
+            plan.st.metrics.streams.dec()
+            if not completed and plan.cancel_on_disconnect and not plan.stream.finished:
+                plan.st.spawn(
+                    cancel_request(plan.st, plan.stream.request_id, plan.tenant, "disconnect")
+                )
+
+    async def relay(self, send: Send) -> None:
+        raise NotImplementedError
+
+    def _count(self, events: list[Event]) -> None:
+        m = self.plan.st.metrics
+        m.events.inc(len(events))
+        if self.plan.submitted_at is not None:
+            m.first_event.observe(time.perf_counter() - self.plan.submitted_at)
+            self.plan.submitted_at = None
+
+
+class SseRelay(_Relay):
+    """Relays events as SSE: ``id:`` is the seq, comments keep idle connections open,
+    ``data: [DONE]`` ends the stream."""
+
+    async def relay(self, send: Send) -> None:
+        plan = self.plan
+        stream, shape = plan.stream, plan.shape
+        settings = plan.st.settings
+        headers = [*SSE_HEADERS, (b"x-request-id", stream.request_id.encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        loop = asyncio.get_running_loop()
+        idle_since = loop.time()
+        while True:
+            events = await stream.next(settings.keepalive_s)
+            if not events:
+                if stream.finished:  # resumed after the final event: nothing is missing
+                    await _body(send, DONE, more=False)
+                    return
+                if loop.time() - idle_since > settings.request_timeout_s:
+                    err = {"message": "the request timed out", "type": "server_error"}
+                    await _body(send, frame({"error": {**err, "code": "timeout"}}) + DONE, False)
+                    return
+                await _body(send, KEEPALIVE, more=True)
+                continue
+            idle_since = loop.time()
+            self._count(events)
+            out = b"".join([shape.sse(ev) for ev in events])
+            if not stream.finished:
+                await _body(send, out, more=True)
+                continue
+            last = events[-1]
+            usage = shape.usage_chunk(last) if plan.include_usage else None
+            await _body(send, out + (usage or b"") + DONE, more=False)
+            return
+
+
+class JsonRelay(_Relay):
+    """Gathers the whole stream and answers once, in the OpenAI non-streamed shape."""
+
+    async def relay(self, send: Send) -> None:
+        plan = self.plan
+        stream = plan.stream
+        loop = asyncio.get_running_loop()
+        idle_since = loop.time()
+        text: list[str] = []
+        while not stream.finished:
+            events = await stream.next(plan.st.settings.keepalive_s)
+            if not events:
+                if loop.time() - idle_since > plan.st.settings.request_timeout_s:
+                    body = {"error": {"message": "the request timed out", "type": "server_error"}}
+                    await _json(send, 504, body, stream.request_id)
+                    return
+                continue
+            idle_since = loop.time()
+            self._count(events)
+            text += [ev.get("text", "") for ev in events]
+        last = stream.final_event or {}
+        if last.get("error"):
+            err = error_of(last)
+            status = 400 if err["code"] in CLIENT_ERROR_CODES else 500
+            await _json(send, status, {"error": {**err, "param": None}}, stream.request_id)
+            return
+        await _json(send, 200, plan.shape.whole("".join(text), last), stream.request_id)
+
+
+async def _body(send: Send, data: bytes, more: bool) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+async def _json(send: Send, status: int, body: dict[str, Any], request_id: str) -> None:
+    data = orjson.dumps(body)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(data)).encode()),
+        (b"x-request-id", request_id.encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await _body(send, data, more=False)
+
+
+async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
+    """Run ``work`` unless the client disconnects first; True when it ran to the end."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watcher):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled() or task.exception() is not None:
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None and not isinstance(exc, OSError):
+            raise exc  # a bug, not a client gone
+        return False
+    return True
+
+
+async def _disconnected(receive: Callable[[], Awaitable[Any]]) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return

@@ -1,0 +1,1 @@
+"""The edge's HTTP and WebSocket routes, one module per concern."""

@@ -1,0 +1,47 @@
+"""What every route needs: the edge state and the caller."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from services.edge.auth import Principal, bearer_token
+from services.edge.errors import unauthorized
+from services.edge.state import EdgeState
+
+# Declares the scheme in the OpenAPI document; the header itself is parsed below, so that
+# a malformed one is a 401 even where anonymous calls are allowed.
+_bearer = HTTPBearer(auto_error=False, description="an API key: 'Authorization: Bearer twk-…'")
+
+ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    code: {"description": text}
+    for code, text in {
+        400: "invalid parameters (OpenAI error JSON)",
+        401: "missing or invalid API key",
+        404: "no such request for this tenant",
+        413: "request body too large",
+        429: "rate limited (see Retry-After)",
+        503: "overloaded or a dependency is down (see Retry-After)",
+    }.items()
+}
+
+
+def edge_state(request: Request) -> EdgeState:
+    state: EdgeState = request.app.state.edge
+    return state
+
+
+async def principal(
+    request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
+) -> Principal:
+    """The caller, from ``Authorization: Bearer <key>``."""
+    header = request.headers.get("authorization")
+    key = bearer_token(header)
+    if header is not None and key is None:
+        raise unauthorized("malformed Authorization header: expected 'Bearer <key>'")
+    return await edge_state(request).keys.authenticate(key)
+
+
+Caller = Annotated[Principal, Depends(principal)]

@@ -1,0 +1,58 @@
+"""``POST /v1/completions`` and ``POST /v1/chat/completions``: admit, publish, relay."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from services.edge.auth import Principal
+from services.edge.errors import unavailable
+from services.edge.openai_api import ChatBody, CompletionBody
+from services.edge.relay import EventStream
+from services.edge.responses import JsonRelay, RelayPlan, SseRelay
+from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
+from services.edge.shapes import Shape
+from services.edge.submit import admit, publish
+
+router = APIRouter(responses=ERROR_RESPONSES)
+
+
+@router.post("/v1/completions", response_model=None, tags=["openai"])
+async def completions(body: CompletionBody, request: Request, who: Caller) -> Response:
+    """Complete a prompt (OpenAI-compatible; ``stream: true`` answers with SSE)."""
+    return await generate(request, who, body)
+
+
+@router.post("/v1/chat/completions", response_model=None, tags=["openai"])
+async def chat_completions(body: ChatBody, request: Request, who: Caller) -> Response:
+    """Answer a conversation (OpenAI-compatible; the worker applies the chat template)."""
+    return await generate(request, who, body)
+
+
+async def generate(request: Request, who: Principal, body: CompletionBody | ChatBody) -> Response:
+    st = edge_state(request)
+    req = await admit(st, who, body)
+    stream = EventStream(st.hub, st.redis, st.names, req.request_id, after_seq=-1)
+    try:
+        # Subscribed before the request exists anywhere, so no event can precede us and
+        # the replay log need not be read.
+        await stream.open(replay=False)
+    except TimeoutError:
+        raise unavailable("the token stream is not reachable", code="stream_unavailable") from None
+    try:
+        await publish(st, req)
+    except BaseException:
+        stream.close()
+        raise
+    plan = RelayPlan(
+        st,
+        stream,
+        Shape(req.request_id, st.settings.model_name, int(req.created_at)),
+        who.tenant,
+        cancel_on_disconnect=not body.resumable,
+        include_usage=body.include_usage,
+        submitted_at=time.perf_counter(),
+    )
+    return SseRelay(plan) if body.stream else JsonRelay(plan)

@@ -1,0 +1,182 @@
+"""``/v1/ws``: the same events over a WebSocket, for clients that prefer one.
+
+Client → server, one JSON message per action (``api_key`` may ride on any of them when
+the handshake had no ``Authorization`` header, as in browsers):
+``{"type": "completions" | "chat.completions", "body": {…OpenAI body…}}``,
+``{"type": "resume", "request_id": …, "last_event_id": n}``,
+``{"type": "cancel"}`` (the request being relayed) or ``{"type": "cancel", "request_id": …}``.
+
+Server → client: ``{"type": "request", "id": …}``, then ``{"type": "event", "id": seq,
+"data": <the SSE chunk>}`` per event, ``{"type": "usage", …}``, ``{"type": "done"}``;
+a refusal is ``{"type": "error", "status": 4xx, "error": {…}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+
+from services.edge.auth import Principal, bearer_token
+from services.edge.cancel import cancel_request, owner_of
+from services.edge.errors import ApiError, bad_request, not_found
+from services.edge.openai_api import ChatBody, CompletionBody
+from services.edge.relay import EventStream
+from services.edge.shapes import Shape, error_of, usage_of
+from services.edge.state import EdgeState
+from services.edge.submit import admit, publish
+
+router = APIRouter()
+BODIES: dict[str, type[CompletionBody] | type[ChatBody]] = {
+    "completions": CompletionBody,
+    "chat.completions": ChatBody,
+}
+
+
+@router.websocket("/v1/ws")
+async def websocket_stream(ws: WebSocket) -> None:
+    st: EdgeState = ws.app.state.edge
+    await ws.accept()
+    header_key = bearer_token(ws.headers.get("authorization"))
+    try:
+        while True:
+            msg = await _receive(ws)
+            try:
+                who = await st.keys.authenticate(msg.get("api_key") or header_key)
+                await _handle(ws, st, who, msg)
+            except ApiError as err:
+                await _send(ws, {"type": "error", "status": err.status, **err.body()})
+                if err.status == 401:
+                    await ws.close(code=1008)
+                    return
+    except WebSocketDisconnect:
+        return
+
+
+async def _handle(ws: WebSocket, st: EdgeState, who: Principal, msg: dict[str, Any]) -> None:
+    kind = msg.get("type")
+    if kind in BODIES:
+        try:
+            body = BODIES[kind].model_validate(msg.get("body"))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise bad_request(f"{loc}: {first['msg']}" if loc else str(first["msg"])) from None
+        req = await admit(st, who, body)
+        stream = EventStream(st.hub, st.redis, st.names, req.request_id, after_seq=-1)
+        await stream.open(replay=False)
+        try:
+            await publish(st, req)
+        except BaseException:
+            stream.close()
+            raise
+        shape = Shape(req.request_id, st.settings.model_name, int(req.created_at))
+        await _relay(ws, st, who, stream, shape, cancel_on_disconnect=not body.resumable)
+    elif kind == "resume":
+        rid = str(msg.get("request_id", ""))
+        await _owned(st, who, rid)
+        after = msg.get("last_event_id", -1)
+        if not isinstance(after, int) or after < -1:
+            raise bad_request("last_event_id must be an integer ≥ -1")
+        stream = EventStream(st.hub, st.redis, st.names, rid, after_seq=after)
+        await stream.open()
+        shape = Shape(rid, st.settings.model_name, int(time.time()))
+        await _relay(ws, st, who, stream, shape, cancel_on_disconnect=False)
+    elif kind == "cancel" and msg.get("request_id"):
+        rid = str(msg["request_id"])
+        await _owned(st, who, rid)
+        final = await cancel_request(st, rid, who.tenant, "api")
+        await _send(ws, {"type": "cancelled", "id": rid, "final": final})
+    else:
+        raise bad_request(
+            "unknown message type; expected completions, chat.completions, resume or cancel"
+        )
+
+
+async def _relay(
+    ws: WebSocket,
+    st: EdgeState,
+    who: Principal,
+    stream: EventStream,
+    shape: Shape,
+    *,
+    cancel_on_disconnect: bool,
+) -> None:
+    """Pump the stream to the socket while listening for a cancel or a disconnect."""
+    rid = stream.request_id
+    listener = asyncio.ensure_future(_listen(ws, st, who, rid))
+    pump = asyncio.ensure_future(_pump(ws, st, stream, shape))
+    st.metrics.streams.inc()
+    try:
+        await _send(ws, {"type": "request", "id": rid})
+        await asyncio.wait({listener, pump}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stream.close()
+        st.metrics.streams.dec()
+        for t in (listener, pump):
+            t.cancel()
+        await asyncio.gather(listener, pump, return_exceptions=True)
+    if pump.cancelled() or pump.exception() is not None:
+        if cancel_on_disconnect and not stream.finished:
+            st.spawn(cancel_request(st, rid, who.tenant, "disconnect"))
+        raise WebSocketDisconnect()
+
+
+async def _pump(ws: WebSocket, st: EdgeState, stream: EventStream, shape: Shape) -> None:
+    settings = st.settings
+    idle = 0.0
+    while not stream.finished:
+        events = await stream.next(settings.keepalive_s)
+        if not events:
+            idle += settings.keepalive_s
+            if idle > settings.request_timeout_s and not stream.finished:
+                err = {
+                    "message": "the request timed out",
+                    "type": "server_error",
+                    "code": "timeout",
+                }
+                await _send(ws, {"type": "error", "status": 504, "error": err})
+                return
+            continue
+        idle = 0.0
+        st.metrics.events.inc(len(events))
+        for ev in events:
+            if ev.get("error"):
+                await _send(ws, {"type": "error", "id": ev["seq"], "error": error_of(ev)})
+            else:
+                frame = b'{"type":"event","id":%d,"data":%s}' % (ev["seq"], shape.chunk_json(ev))
+                await ws.send_text(frame.decode())
+    usage = usage_of(stream.final_event or {})
+    if usage is not None:
+        await _send(ws, {"type": "usage", "usage": usage})
+    await _send(ws, {"type": "done"})
+
+
+async def _listen(ws: WebSocket, st: EdgeState, who: Principal, rid: str) -> None:
+    """Until the client goes: a ``cancel`` message cancels the request being relayed."""
+    while True:
+        msg = await _receive(ws)
+        if msg.get("type") == "cancel" and msg.get("request_id", rid) == rid:
+            st.spawn(cancel_request(st, rid, who.tenant, "api"))
+
+
+async def _owned(st: EdgeState, who: Principal, rid: str) -> None:
+    if not rid or await owner_of(st, rid) != who.tenant:
+        raise not_found(f"no request '{rid}'")
+
+
+async def _receive(ws: WebSocket) -> dict[str, Any]:
+    raw = await ws.receive_text()
+    try:
+        msg = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {"type": None}
+    return msg if isinstance(msg, dict) else {"type": None}
+
+
+async def _send(ws: WebSocket, obj: dict[str, Any]) -> None:
+    await ws.send_text(orjson.dumps(obj).decode())

@@ -1,0 +1,94 @@
+"""Everything one edge process holds for its lifetime, built once and passed explicitly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+
+from services.edge.auth import KeyStore, parse_key_list
+from services.edge.config import EdgeSettings
+from services.edge.hub import Hub
+from services.edge.load import LoadWatcher
+from services.edge.metrics import EdgeMetrics
+from services.edge.model_info import ModelInfo
+from services.edge.ratelimit import RateLimiter
+from shared.kafka_io import make_producer
+from shared.names import Names
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EdgeState:
+    """The edge's clients and helpers; ``start``/``stop`` pair their lifecycles."""
+
+    settings: EdgeSettings
+    redis: aioredis.Redis
+    producer: AIOKafkaProducer
+    hub: Hub
+    keys: KeyStore
+    limiter: RateLimiter
+    load: LoadWatcher
+    model: ModelInfo
+    metrics: EdgeMetrics
+    _background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    @property
+    def names(self) -> Names:
+        return self.settings.names
+
+    @classmethod
+    def build(cls, settings: EdgeSettings, metrics: EdgeMetrics) -> EdgeState:
+        redis = aioredis.Redis.from_url(settings.redis_url)
+        names = settings.names
+        return cls(
+            settings=settings,
+            redis=redis,
+            producer=make_producer(settings, client_id="edge"),
+            hub=Hub(settings.redis_url),
+            keys=KeyStore(
+                redis,
+                names,
+                parse_key_list(settings.api_keys),
+                required=settings.auth == "required",
+            ),
+            limiter=RateLimiter(
+                redis, names, settings.rate_requests_per_min, settings.rate_tokens_per_min
+            ),
+            load=LoadWatcher(redis, names, settings.load_refresh_s),
+            model=ModelInfo.load(settings.model_dir),
+            metrics=metrics,
+        )
+
+    async def start(self) -> None:
+        await self.producer.start()
+        await self.hub.start()
+        self.load.start()
+        if self.settings.auth == "off":
+            log.warning("TW_AUTH=off: calls without an API key are served as tenant 'default'")
+
+    async def stop(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.load.stop()
+        await self.hub.stop()
+        await self.producer.stop()
+        await self.redis.aclose()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` in the background (e.g. a cancel after the client has gone)."""
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background task failed: %r", task.exception())

@@ -1,0 +1,142 @@
+"""Admission: from a validated OpenAI body to a request on the requests topic.
+
+Checks run cheapest first and each refusal carries its status: unknown model or a prompt
+that does not fit the context (400), batchers over their queue limit (503), the key's
+token buckets (429). Then the owner is recorded (resume and cancel are tenant-scoped) and
+the request is published, keyed by its id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from aiokafka.errors import KafkaError
+from pydantic import ValidationError
+
+from services.edge.auth import Principal
+from services.edge.errors import ApiError, bad_request, rate_limited, unavailable
+from services.edge.model_info import INLINE_TOKENIZE_CHARS, TemplateError
+from services.edge.openai_api import ChatBody, CompletionBody
+from services.edge.shapes import CHAT_PREFIX, TEXT_PREFIX
+from services.edge.state import EdgeState
+from shared.codec import encode
+from shared.messages import GenerateRequest
+
+DEFAULT_MAX_TOKENS = {False: 16, True: 256}  # completions (OpenAI's default), chat
+
+
+def new_request_id(chat: bool) -> str:
+    return (CHAT_PREFIX if chat else TEXT_PREFIX) + uuid.uuid4().hex
+
+
+async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) -> GenerateRequest:
+    """The request to publish for ``body``, or an ``ApiError`` saying why not."""
+    chat = isinstance(body, ChatBody)
+    if body.model != st.settings.model_name:
+        raise bad_request(
+            f"the model '{body.model}' does not exist; this edge serves '{st.settings.model_name}'",
+            code="model_not_found",
+            param="model",
+        )
+    prompt_tokens = await _count(st, body)
+    if prompt_tokens == 0:
+        raise bad_request("the prompt is empty", param="prompt")
+    max_tokens = _max_tokens(st, body, prompt_tokens, chat)
+    _shed(st)
+    verdict = await st.limiter.take(who.key_id, prompt_tokens + max_tokens)
+    if not verdict.allowed:
+        st.metrics.rejected.labels("rate_limit").inc()
+        if verdict.never:
+            raise rate_limited(
+                f"this request needs {prompt_tokens + max_tokens} tokens, more than the "
+                f"{st.limiter.tokens_per_min} tokens per minute this key may use",
+                verdict.retry_after_s,
+                code="request_too_large",
+            )
+        raise rate_limited(
+            "rate limit reached for this API key; retry after the time in Retry-After",
+            verdict.retry_after_s,
+        )
+    try:
+        return body.to_request(new_request_id(chat), who.tenant, max_tokens)
+    except ValidationError as exc:
+        raise bad_request(f"invalid request: {exc.errors()[0]['msg']}") from None
+
+
+async def publish(st: EdgeState, req: GenerateRequest) -> None:
+    """Record the owner, then hand the request to Kafka (acks=all)."""
+    names = st.names
+    await st.redis.set(names.owner(req.request_id), req.tenant, ex=st.settings.owner_ttl_s)
+    try:
+        await st.producer.send_and_wait(names.requests, encode(req), key=req.request_id.encode())
+    except KafkaError as exc:
+        raise unavailable(f"cannot queue the request: {exc}", code="queue_unavailable") from None
+    st.metrics.submitted.labels("chat" if req.messages is not None else "completions").inc()
+
+
+async def _count(st: EdgeState, body: CompletionBody | ChatBody) -> int:
+    model = st.model
+    try:
+        if isinstance(body, ChatBody):
+            msgs = body.wire_messages()
+            size = sum(len(m.content) for m in msgs)
+            if size <= INLINE_TOKENIZE_CHARS:
+                return model.count_chat(msgs)
+            return await asyncio.to_thread(model.count_chat, msgs)
+        text = body.prompt_text()
+        if len(text) <= INLINE_TOKENIZE_CHARS:
+            return model.count_prompt(text)
+        return await asyncio.to_thread(model.count_prompt, text)
+    except TemplateError as exc:
+        raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from None
+
+
+def _max_tokens(
+    st: EdgeState, body: CompletionBody | ChatBody, prompt_tokens: int, chat: bool
+) -> int:
+    context = st.model.context
+    limit = st.settings.max_tokens_limit or context
+    asked = body.requested_max_tokens()
+    param = (
+        "max_completion_tokens"
+        if chat and getattr(body, "max_completion_tokens", None)
+        else "max_tokens"
+    )
+    if asked is not None and limit is not None and asked > limit:
+        raise bad_request(f"{param} is {asked}; at most {limit} is allowed", param=param)
+    if context is not None and prompt_tokens >= context:
+        raise bad_request(
+            f"this model's maximum context length is {context} tokens; the prompt has "
+            f"{prompt_tokens}",
+            code="context_length_exceeded",
+            param="messages" if chat else "prompt",
+        )
+    if asked is None:
+        asked = DEFAULT_MAX_TOKENS[chat]
+        if context is not None:
+            asked = min(asked, context - prompt_tokens)
+        if limit is not None:
+            asked = min(asked, limit)
+    elif context is not None and prompt_tokens + asked > context:
+        raise bad_request(
+            f"this model's maximum context length is {context} tokens; the prompt has "
+            f"{prompt_tokens} and {param} asks for {asked} more",
+            code="context_length_exceeded",
+            param=param,
+        )
+    return asked
+
+
+def _shed(st: EdgeState) -> None:
+    limit = st.settings.max_queued_requests
+    load = st.load.current
+    if limit and load.queued_requests >= limit:
+        st.metrics.rejected.labels("overloaded").inc()
+        raise unavailable(
+            f"the batchers hold {load.queued_requests} queued requests (limit {limit}); "
+            "retry shortly"
+        )
+
+
+__all__ = ["ApiError", "admit", "new_request_id", "publish"]

@@ -1,0 +1,230 @@
+"""Edge pieces without I/O: the RESP parser of the shared subscriber, SSE framing, OpenAI
+shapes, request bodies, API-key parsing, and the replay dedup of ``EventStream``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from pydantic import ValidationError
+
+from services.edge.auth import bearer_token, hash_key, new_key, parse_key_list
+from services.edge.config import EdgeSettings
+from services.edge.hub import RESYNC, RespParser, command
+from services.edge.openai_api import ChatBody, CompletionBody
+from services.edge.shapes import Shape
+from services.edge.sse import DONE, frame
+from shared.settings import SettingsError
+
+
+def _message(channel: bytes, data: bytes) -> bytes:
+    return command(b"message", channel, data)
+
+
+def test_resp_parser_handles_split_and_batched_replies() -> None:
+    wire = (
+        b"*3\r\n$9\r\nsubscribe\r\n$4\r\ntw:a\r\n:1\r\n"
+        + _message(b"tw:a", b'{"seq":0}')
+        + _message(b"tw:a", b"x\r\ny")  # payloads may hold CRLF
+        + b"-ERR wrong\r\n"
+        + b"*2\r\n$-1\r\n+OK\r\n"
+    )
+    for step in (1, 3, 7, len(wire)):
+        parser = RespParser()
+        out = []
+        for i in range(0, len(wire), step):
+            out += parser.feed(wire[i : i + step])
+        assert out[0] == [b"subscribe", b"tw:a", 1]
+        assert out[1] == [b"message", b"tw:a", b'{"seq":0}']
+        assert out[2] == [b"message", b"tw:a", b"x\r\ny"]
+        assert str(out[3]) == "ERR wrong"
+        assert out[4] == [None, b"OK"]
+        assert len(out) == 5
+
+
+def test_command_encodes_resp_arrays() -> None:
+    assert command(b"SUBSCRIBE", b"tw:tok:r1") == b"*2\r\n$9\r\nSUBSCRIBE\r\n$9\r\ntw:tok:r1\r\n"
+
+
+def test_sse_frames_carry_the_seq_as_id() -> None:
+    assert frame({"a": 1}, 7) == b'id: 7\ndata: {"a":1}\n\n'
+    assert frame({"a": 1}) == b'data: {"a":1}\n\n'
+    assert DONE == b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("rid", ["cmpl-abc", "chatcmpl-abc"])
+def test_fast_chunks_equal_the_dict_shape(rid: str) -> None:
+    shape = Shape(rid, "tokenwire-tiny", 123)
+    for ev in ({"seq": 0, "text": 'a "quoted"\n é'}, {"seq": 3, "text": ""}):
+        fast = orjson.loads(shape.chunk_json(ev))
+        expected = shape.final_chunk({**ev, "finish_reason": "x"})
+        expected["choices"][0]["finish_reason"] = None
+        assert fast == expected
+    sse = shape.sse({"seq": 4, "text": "hi"})
+    assert sse.startswith(b"id: 4\ndata: {") and sse.endswith(b"\n\n")
+
+
+def test_final_chunk_usage_and_whole_response() -> None:
+    shape = Shape("chatcmpl-1", "m", 1)
+    last = {
+        "seq": 2,
+        "text": "!",
+        "finish_reason": "length",
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "cached_tokens": 2},
+    }
+    assert orjson.loads(shape.chunk_json(last))["choices"][0]["finish_reason"] == "length"
+    usage = shape.usage_chunk(last)
+    assert usage is not None
+    body = orjson.loads(usage[len(b"data: ") :])
+    assert body["choices"] == [] and body["usage"]["total_tokens"] == 8
+    whole = shape.whole("abc!", last)
+    assert whole["object"] == "chat.completion"
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "abc!"}
+    assert whole["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+
+
+def test_error_events_render_as_openai_errors() -> None:
+    shape = Shape("cmpl-1", "m", 1)
+    ev = {"seq": 0, "finish_reason": "error", "error": {"code": "invalid_request", "message": "no"}}
+    data = orjson.loads(shape.sse(ev).split(b"data: ", 1)[1])
+    assert data == {
+        "error": {"message": "no", "type": "invalid_request_error", "code": "invalid_request"}
+    }
+
+
+def test_bodies_map_onto_generate_requests() -> None:
+    body = CompletionBody.model_validate(
+        {"model": "m", "prompt": ["hi"], "stop": "x", "seed": 3, "ignore_eos": True}
+    )
+    req = body.to_request("cmpl-1", "acme", 9)
+    assert (req.prompt, req.tenant, req.request_id) == ("hi", "acme", "cmpl-1")
+    assert req.sampling.stop == ["x"] and req.sampling.max_tokens == 9
+    assert req.sampling.ignore_eos and req.sampling.seed == 3
+    chat = ChatBody.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+            ],
+            "max_completion_tokens": 5,
+        }
+    )
+    assert chat.requested_max_tokens() == 5
+    msgs = chat.to_request("chatcmpl-1", "t", 5).messages
+    assert msgs is not None
+    assert [(m.role, m.content) for m in msgs] == [("system", "be brief"), ("user", "ab")]
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"max_tokens": -1},
+        {"max_tokens": 0},
+        {"n": 2},
+        {"temperature": 3},
+        {"stop": [""]},
+        {"stop": ["a"] * 9},
+        {"prompt": ["a", "b"]},
+        {"prompt": 5},
+        {"seed": -1},
+    ],
+)
+def test_bad_parameters_fail_validation(patch: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        CompletionBody.model_validate({"model": "m", "prompt": "x", **patch})
+
+
+def test_api_keys_are_parsed_as_digests() -> None:
+    key = new_key()
+    assert key.startswith("twk-") and len(key) > 30
+    digest = hash_key(key)
+    assert parse_key_list(f" {digest}=acme , {hash_key('b')}=beta ") == {
+        digest: "acme",
+        hash_key("b"): "beta",
+    }
+    for bad in ("plainkey=acme", f"{digest}", f"{digest}=bad tenant"):
+        with pytest.raises(ValueError, match="TW_API_KEYS"):
+            parse_key_list(bad)
+    with pytest.raises(SettingsError, match="TW_API_KEYS"):
+        EdgeSettings.from_env({"TW_API_KEYS": "nope"})
+
+
+def test_bearer_token() -> None:
+    assert bearer_token("Bearer abc") == "abc"
+    assert bearer_token("bearer  abc ") == "abc"
+    assert bearer_token("Basic abc") is None
+    assert bearer_token("Bearer ") is None
+    assert bearer_token(None) is None
+
+
+class _FakeHub:
+    """Stands in for the shared subscriber: records the queue so the test can publish."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes] | None = None
+
+    async def subscribe(self, channel: bytes, queue: asyncio.Queue[bytes]) -> None:
+        self.queue = queue
+
+    def unsubscribe(self, channel: bytes, queue: asyncio.Queue[bytes]) -> None:
+        self.queue = None
+
+
+class _FakeLog:
+    """A replay log read through ``xrange`` like the real token stream."""
+
+    def __init__(self) -> None:
+        self.entries: list[bytes] = []
+
+    async def xrange(self, key: str, min: str, max: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        start = int(min.split("-")[1]) - 1
+        return [(b"", {b"d": e}) for e in self.entries if orjson.loads(e)["seq"] >= start]
+
+
+def _ev(seq: int, final: bool = False) -> bytes:
+    ev: dict[str, object] = {"request_id": "r", "seq": seq, "text": str(seq)}
+    if final:
+        ev["finish_reason"] = "stop"
+    return orjson.dumps(ev)
+
+
+async def test_event_stream_merges_log_and_live_without_gaps_or_duplicates() -> None:
+    from services.edge.relay import EventStream
+    from shared.names import Names
+
+    hub, log = _FakeHub(), _FakeLog()
+    log.entries = [_ev(0), _ev(1), _ev(2)]
+    stream = EventStream(hub, log, Names("t"), "r", after_seq=0)  # type: ignore[arg-type]
+    await stream.open()
+    assert hub.queue is not None
+    # Live copies of logged events, a gap (3 missed live, only in the log), then live.
+    log.entries += [_ev(3), _ev(4)]
+    for seq in (1, 2, 4):
+        hub.queue.put_nowait(_ev(seq))
+    hub.queue.put_nowait(RESYNC)
+    hub.queue.put_nowait(_ev(5, final=True))
+    hub.queue.put_nowait(_ev(6))  # nothing after the final event
+    got = []
+    while not stream.finished:
+        got += [e["seq"] for e in await stream.next(1.0)]
+    assert got == [1, 2, 3, 4, 5]
+    assert await stream.next(0.01) == []
+    stream.close()
+    assert hub.queue is None
+
+
+async def test_event_stream_resumed_after_the_final_event_is_finished() -> None:
+    from services.edge.relay import EventStream
+    from shared.names import Names
+
+    hub, log = _FakeHub(), _FakeLog()
+    log.entries = [_ev(0), _ev(1, final=True)]
+    stream = EventStream(hub, log, Names("t"), "r", after_seq=1)  # type: ignore[arg-type]
+    await stream.open()
+    assert stream.finished and stream.final_event is not None
+    assert await stream.next(0.01) == []
