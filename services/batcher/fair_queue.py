@@ -24,7 +24,7 @@ class Queued(Generic[T]):
 class FairQueue(Generic[T]):
     """Deficit round-robin over tenants, one round-robin per priority class."""
 
-    def __init__(self, quantum: int = 512, classes: int = 2) -> None:
+    def __init__(self, quantum: int = 64, classes: int = 2) -> None:
         if quantum < 1:
             raise ValueError("quantum must be at least one token")
         self.quantum = quantum
@@ -62,12 +62,15 @@ class FairQueue(Generic[T]):
                     return out
                 credit = self._deficit.get(key, 0)
                 if credit < head.cost:
-                    # Out of credit: top up by one quantum and go to the back of the round.
-                    self._deficit[key] = credit + self.quantum
-                    tenants.move_to_end(tenant)
-                    continue
+                    # A new turn: one quantum of credit; too little still, next tenant.
+                    credit += self.quantum
+                    self._deficit[key] = credit
+                    if credit < head.cost:
+                        tenants.move_to_end(tenant)
+                        continue
                 dq.popleft()
-                self._deficit[key] = credit - head.cost
+                credit -= head.cost
+                self._deficit[key] = credit
                 self.count -= 1
                 self.tokens -= head.cost
                 if budget is not None:
@@ -76,6 +79,8 @@ class FairQueue(Generic[T]):
                 if not dq:
                     del tenants[tenant]
                     self._deficit.pop(key, None)  # an idle tenant keeps no credit
+                elif credit < dq[0].cost:
+                    tenants.move_to_end(tenant)  # its turn is over; the rest of its credit stays
         return out
 
     def remove_if(self, pred: Callable[[Queued[T]], bool]) -> list[Queued[T]]:

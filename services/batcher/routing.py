@@ -32,8 +32,14 @@ class WorkerView:
     hashes: frozenset[int]
 
     @classmethod
-    def of(cls, hb: WorkerHeartbeat) -> WorkerView:
-        return cls(hb, hb.free_slots, hb.free_kv_tokens, frozenset(hb.prefix_hashes))
+    def of(cls, hb: WorkerHeartbeat, in_transit: int = 0, in_transit_tokens: int = 0) -> WorkerView:
+        """The worker's advertised room, less what was sent after its heartbeat."""
+        return cls(
+            hb,
+            hb.free_slots - in_transit,
+            hb.free_kv_tokens - in_transit_tokens,
+            frozenset(hb.prefix_hashes),
+        )
 
     @property
     def worker_id(self) -> str:

@@ -16,7 +16,7 @@ import base64
 import contextlib
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 AFFINITY_BLOCKS = 4  # leading blocks hashed for routing
 AFFINITY_CHARS = 2048  # enough text for AFFINITY_BLOCKS blocks of tokens
+TRANSIT_MARGIN_S = 0.02  # a batch sent this long before a heartbeat may not be in it yet
+SENT_MEMORY_S = 5.0
 
 
 @dataclass(slots=True)
@@ -112,6 +114,9 @@ class BatcherService:
         self._consumed: dict[TopicPartition, int] = {}  # offset after the last one read
         self._committed: dict[TopicPartition, int] = {}
         self._workers: list[WorkerView] = []
+        # What this batcher sent to each worker, and when: a heartbeat older than a send
+        # does not count it yet, so the view subtracts it (no over-dispatch between beats).
+        self._sent: dict[str, deque[tuple[float, int, int]]] = defaultdict(deque)
         self._workers_at = 0.0
         self._status_at = 0.0
         self._paused = False
@@ -282,25 +287,37 @@ class BatcherService:
                 if data:
                     hb = decode(WorkerHeartbeat, data)
                     if hb.partitions:
-                        views.append(WorkerView.of(hb))
+                        views.append(self._view(hb, now))
         self._workers = sorted(views, key=lambda w: w.worker_id)
         return self._workers
+
+    def _view(self, hb: WorkerHeartbeat, now: float) -> WorkerView:
+        sent = self._sent[hb.worker_id]
+        while sent and sent[0][0] < now - SENT_MEMORY_S:
+            sent.popleft()
+        since = [(n, tok) for t, n, tok in sent if t > hb.at - TRANSIT_MARGIN_S]
+        return WorkerView.of(hb, sum(n for n, _ in since), sum(tok for _, tok in since))
 
     async def _dispatch(self, workers: list[WorkerView]) -> None:
         """Take what the workers have room for and send one batch per target partition."""
         room = sum(w.free_slots for w in workers) if workers else self.policy.max_requests
         items = self.queue.pop(min(self.policy.max_requests, room))
+        log.debug(
+            "dispatch %d of %d queued (room %s)", len(items), len(self.queue) + len(items), room
+        )
         if not items:
             return
         groups: dict[int, list[Pending]] = defaultdict(list)
         num_parts = len(await self.producer.partitions_for(self.names.batches))
+        now = time.time()
         for q in items:
             target = None
             if workers:
                 open_ = [w for w in workers if w.free_slots > 0] or workers
                 target = self.router.route(q.item.hashes, open_)
-                target.free_slots -= 1  # until its next heartbeat says otherwise
+                target.free_slots -= 1
                 target.free_tokens -= q.cost
+                self._sent[target.worker_id].append((now, 1, q.cost))
             groups[partition_for(target, q.item.request.request_id, num_parts)].append(q.item)
         acks = []
         for part, group in groups.items():
