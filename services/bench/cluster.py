@@ -1,0 +1,219 @@
+"""Local service processes (worker, batcher, edge) on one topic prefix, and a recorder of
+every token event as clients receive them — for benchmarks and integration tests against a
+real Kafka and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+
+from shared.codec import decode
+from shared.kafka_io import ensure_topics
+from shared.messages import TokenEvent
+from shared.names import Names
+from shared.settings import CommonSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    """A set of service processes sharing one topic prefix."""
+
+    prefix: str
+    env: dict[str, str]
+    log_dir: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    edge_ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def names(self) -> Names:
+        return Names(self.prefix)
+
+    @property
+    def settings(self) -> CommonSettings:
+        return CommonSettings.from_env(self.env)
+
+    def url(self, edge: str = "edge") -> str:
+        return f"http://127.0.0.1:{self.edge_ports[edge]}"
+
+    async def create_topics(self, partitions: int = 2) -> None:
+        n = self.names
+        await ensure_topics(
+            self.settings,
+            {n.requests: partitions, n.batches: partitions, n.completions: 1, n.requests_dlq: 1},
+        )
+
+    def start(
+        self, kind: str, name: str | None = None, **extra_env: str
+    ) -> subprocess.Popen[bytes]:
+        name = name or kind
+        env = {**self.env, **extra_env}
+        if kind == "edge":
+            port = free_port()
+            env["TW_PORT"] = str(port)
+            self.edge_ports[name] = port
+        if kind == "worker":
+            env.setdefault("TW_WORKER_ID", f"{self.prefix}-{name}")
+        log = open(self.log_dir / f"{self.prefix}-{name}.log", "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", kind],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        self.procs[name] = proc
+        return proc
+
+    async def wait_ready(self, within_s: float = 90.0, workers: int = 1) -> None:
+        """Every edge answers /healthz and ``workers`` workers have a heartbeat."""
+        deadline = time.monotonic() + within_s
+        client = aioredis.Redis.from_url(self.env["TW_REDIS_URL"])
+        try:
+            async with httpx.AsyncClient() as http:
+                while time.monotonic() < deadline:
+                    self.check_alive()
+                    hbs = [
+                        k async for k in client.scan_iter(match=self.names.heartbeat_prefix + "*")
+                    ]
+                    edges_ok = True
+                    for name in self.edge_ports:
+                        try:
+                            edges_ok &= (
+                                await http.get(self.url(name) + "/healthz")
+                            ).status_code == 200
+                        except httpx.TransportError:
+                            edges_ok = False
+                    if edges_ok and len(hbs) >= workers:
+                        return
+                    await asyncio.sleep(0.2)
+        finally:
+            await client.aclose()
+        raise TimeoutError(f"stack {self.prefix} not ready in {within_s}s:\n{self.logs()}")
+
+    def check_alive(self) -> None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited with {p.returncode}:\n{self.logs(name)}")
+
+    def logs(self, name: str | None = None, tail: int = 40) -> str:
+        names = [name] if name else list(self.procs)
+        out = []
+        for n in names:
+            path = self.log_dir / f"{self.prefix}-{n}.log"
+            if path.exists():
+                lines = path.read_text(errors="replace").splitlines()[-tail:]
+                out.append(f"--- {n} ---\n" + "\n".join(lines))
+        return "\n".join(out)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
+        p = self.procs.pop(name)
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        return p.returncode
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+
+def make_stack(prefix: str, infra: dict[str, str], model_dir: str, log_dir: Path) -> Stack:
+    env = {
+        **os.environ,
+        **infra,
+        "TW_TOPIC_PREFIX": prefix,
+        "TW_MODEL_DIR": model_dir,
+        "TW_MODEL_NAME": "tokenwire-tiny",
+        "TW_TORCH_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return Stack(prefix, env, log_dir)
+
+
+class StreamRecorder:
+    """Records every token event published under a prefix (one pattern subscription), as a
+    client would receive them — duplicates included — to check streams after failures."""
+
+    def __init__(self, redis_url: str, names: Names) -> None:
+        self.client = aioredis.Redis.from_url(redis_url)
+        self.names = names
+        self.raw: dict[str, list[TokenEvent]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> StreamRecorder:
+        pubsub = self.client.pubsub()
+        await pubsub.psubscribe(self.names.token_channel("*"))
+        self._task = asyncio.create_task(self._listen(pubsub))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.client.aclose()
+
+    async def _listen(self, pubsub: Any) -> None:
+        try:
+            async for msg in pubsub.listen():
+                if msg["type"] == "pmessage":
+                    ev = decode(TokenEvent, msg["data"])
+                    self.raw.setdefault(ev.request_id, []).append(ev)
+        finally:
+            await pubsub.aclose()
+
+    def finished(self) -> set[str]:
+        return {rid for rid, evs in self.raw.items() if any(e.final for e in evs)}
+
+    async def wait_finished(
+        self, request_ids: set[str], within_s: float, stack: Stack | None = None
+    ) -> None:
+        deadline = time.monotonic() + within_s
+        while not request_ids <= self.finished():
+            if stack is not None:
+                stack.check_alive()
+            if time.monotonic() > deadline:
+                missing = sorted(request_ids - self.finished())
+                logs = stack.logs() if stack else ""
+                raise TimeoutError(f"{len(missing)} streams unfinished, e.g. {missing[:3]}\n{logs}")
+            await asyncio.sleep(0.1)
+
+    def stream(self, request_id: str) -> list[TokenEvent]:
+        """The client's view: events by seq. Asserts that every duplicate delivery is
+        identical and that seqs are contiguous from 0 up to one final event."""
+        by_seq: dict[int, TokenEvent] = {}
+        for ev in self.raw.get(request_id, []):
+            if ev.seq in by_seq:
+                assert by_seq[ev.seq] == ev, (
+                    f"{request_id}: seq {ev.seq} delivered with different content"
+                )
+            by_seq[ev.seq] = ev
+        seqs = sorted(by_seq)
+        assert seqs == list(range(len(seqs))), f"{request_id}: gap in {seqs}"
+        events = [by_seq[s] for s in seqs]
+        assert [e.final for e in events].count(True) == 1 and events[-1].final, request_id
+        return events
