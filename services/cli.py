@@ -173,6 +173,16 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
     run(model_dir, cfg, Path(args.out) if args.out else None)
 
 
+def cmd_bench_batcher(args: argparse.Namespace) -> None:
+    from services.bench.batcher_bench import run
+
+    env = {**os.environ}
+    env.setdefault("TW_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
+    env.setdefault("TW_REDIS_URL", "redis://127.0.0.1:16379/0")
+    model_dir = args.model_dir or resolve_model_dir("", "tiny")
+    run(env, model_dir, Path(args.out) if args.out else None, quick=args.quick)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -205,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--quick", action="store_true")
     be.add_argument("--out", default="reports/bench_engine.json")
     be.set_defaults(fn=cmd_bench_engine)
+    bb = bsub.add_parser(
+        "batcher", help="window and routing on a local cluster (needs Kafka, Redis)"
+    )
+    bb.add_argument("--model-dir", default="")
+    bb.add_argument("--quick", action="store_true")
+    bb.add_argument("--out", default="reports/bench_batcher.json")
+    bb.set_defaults(fn=cmd_bench_batcher)
     a = sub.add_parser("ask", help="stream a completion from an edge and print it")
     a.add_argument("prompt")
     a.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('TW_EDGE_PORT', '8000')}")

@@ -185,7 +185,7 @@ class WorkerHeartbeat(Wire):
     worker_id: str
     at: float = Field(default_factory=time.time)
     partitions: list[int] = Field(default_factory=list)
-    free_slots: int = 0
+    free_slots: int = Field(0, description="max running - running - waiting (negative: queued)")
     free_kv_tokens: int = 0
     running: int = 0
     waiting: int = 0

@@ -96,6 +96,16 @@ class Names:
     def heartbeat_prefix(self) -> str:
         return f"{self.prefix}:hb:"
 
+    @property
+    def workers_index(self) -> str:
+        """Sorted set of worker ids by last heartbeat time."""
+        return f"{self.prefix}:workers"
+
+    @property
+    def batchers_index(self) -> str:
+        """Sorted set of batcher ids by last status time."""
+        return f"{self.prefix}:batchers"
+
     def heartbeat(self, worker_id: str) -> str:
         """Key holding a worker's latest heartbeat (expires when the worker goes silent)."""
         return f"{self.heartbeat_prefix}{worker_id}"

@@ -2,8 +2,9 @@
 
 Prefix affinity first: a request goes to the worker whose cache summary holds its deepest
 leading block, else to its prefix's home worker by rendezvous hashing over live workers —
-unless that worker has no free slot, in which case the least-loaded worker takes it.
-Requests without a full leading block go to the least-loaded worker.
+unless that worker is overloaded (no free slot and already ``allowance`` requests queued
+beyond them), in which case the least-loaded worker takes it. Requests without a full
+leading block go to the least-loaded worker.
 """
 
 from __future__ import annotations
@@ -55,9 +56,13 @@ def least_loaded(workers: Sequence[WorkerView]) -> WorkerView:
 
 
 class Router:
-    def __init__(self, mode: RoutingMode = RoutingMode.AFFINITY) -> None:
+    def __init__(self, mode: RoutingMode = RoutingMode.AFFINITY, allowance: int = 0) -> None:
         self.mode = mode
+        self.allowance = allowance  # requests a worker may queue beyond its free slots
         self._rr = 0
+
+    def has_room(self, w: WorkerView) -> bool:
+        return w.free_slots + self.allowance > 0
 
     def route(self, hashes: Sequence[int], workers: Sequence[WorkerView]) -> WorkerView:
         """The worker for a request whose leading block hashes are ``hashes``."""
@@ -66,11 +71,11 @@ class Router:
             return workers[self._rr % len(workers)]
         if self.mode is RoutingMode.AFFINITY and hashes:
             for h in reversed(hashes):
-                holders = [w for w in workers if h in w.hashes and w.free_slots > 0]
+                holders = [w for w in workers if h in w.hashes and self.has_room(w)]
                 if holders:
                     return least_loaded(holders)
             home = _rendezvous(hashes[0], workers)
-            if home.free_slots > 0:
+            if self.has_room(home):
                 return home
         return least_loaded(workers)
 

@@ -29,7 +29,7 @@ from services.batcher.config import BatcherSettings
 from services.batcher.fair_queue import FairQueue, Queued
 from services.batcher.routing import Router, WorkerView, partition_for
 from services.batcher.window import WindowPolicy
-from shared import token_stream
+from shared import registry, token_stream
 from shared.codec import DecodeError, decode, encode
 from shared.kafka_io import make_consumer, make_producer
 from shared.messages import (
@@ -51,6 +51,7 @@ AFFINITY_BLOCKS = 4  # leading blocks hashed for routing
 AFFINITY_CHARS = 2048  # enough text for AFFINITY_BLOCKS blocks of tokens
 TRANSIT_MARGIN_S = 0.02  # a batch sent this long before a heartbeat may not be in it yet
 SENT_MEMORY_S = 5.0
+WORKER_TTL_S = 3.0  # a worker silent this long is gone (its heartbeat key expired too)
 
 
 @dataclass(slots=True)
@@ -103,9 +104,12 @@ class BatcherService:
             settings.max_batch_requests,
             settings.target_wait_ms,
         )
-        self.router = Router(settings.routing)
+        self.router = Router(settings.routing, settings.worker_queue_allowance)
         self.redis: aioredis.Redis = aioredis.Redis.from_url(settings.redis_url)
-        self.producer: AIOKafkaProducer = make_producer(settings, client_id=settings.batcher_id)
+        # Batching is this service's own job: the producer sends at once (no linger).
+        self.producer: AIOKafkaProducer = make_producer(
+            settings, client_id=settings.batcher_id, linger_ms=0
+        )
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings, group_id=self.names.batcher_group, client_id=settings.batcher_id
         )
@@ -121,7 +125,11 @@ class BatcherService:
         self._status_at = 0.0
         self._paused = False
         self._stopping = asyncio.Event()
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: deque[int] = deque(maxlen=100_000)
+        # Per request: arrival → dispatch decision (the window's share), and decision →
+        # batch acknowledged by Kafka (the hand-off's share).
+        self.window_waits_ms: deque[float] = deque(maxlen=100_000)
+        self.handoff_ms: deque[float] = deque(maxlen=100_000)
         self.dead_letters = 0
 
     async def run(self) -> None:
@@ -140,7 +148,12 @@ class BatcherService:
             await self.consumer.stop()
             await self.producer.stop()
             with contextlib.suppress(Exception):
-                await self.redis.delete(self.names.batcher_status(self.settings.batcher_id))
+                pipe = self.redis.pipeline(transaction=False)
+                bid = self.settings.batcher_id
+                registry.withdraw(
+                    pipe, self.names.batchers_index, bid, self.names.batcher_status(bid)
+                )
+                await pipe.execute()
             await self.redis.aclose()
 
     def stop(self) -> None:
@@ -276,11 +289,9 @@ class BatcherService:
         if not force and (now - self._workers_at) * 1000 < self.settings.heartbeat_refresh_ms:
             return self._workers
         self._workers_at = now
-        keys = [
-            k
-            async for k in self.redis.scan_iter(match=self.names.heartbeat_prefix + "*", count=100)
-        ]
-        raw = await self.redis.mget(keys) if keys else []
+        raw = await registry.read_live(
+            self.redis, self.names.workers_index, self.names.heartbeat, WORKER_TTL_S
+        )
         views = []
         for data in raw:
             with contextlib.suppress(DecodeError):
@@ -300,7 +311,13 @@ class BatcherService:
 
     async def _dispatch(self, workers: list[WorkerView]) -> None:
         """Take what the workers have room for and send one batch per target partition."""
-        room = sum(w.free_slots for w in workers) if workers else self.policy.max_requests
+        decided = time.time()
+        allowance = self.settings.worker_queue_allowance
+        room = (
+            sum(max(0, w.free_slots + allowance) for w in workers)
+            if workers
+            else self.policy.max_requests
+        )
         items = self.queue.pop(min(self.policy.max_requests, room))
         log.debug(
             "dispatch %d of %d queued (room %s)", len(items), len(self.queue) + len(items), room
@@ -313,7 +330,7 @@ class BatcherService:
         for q in items:
             target = None
             if workers:
-                open_ = [w for w in workers if w.free_slots > 0] or workers
+                open_ = [w for w in workers if self.router.has_room(w)] or workers
                 target = self.router.route(q.item.hashes, open_)
                 target.free_slots -= 1
                 target.free_tokens -= q.cost
@@ -325,8 +342,11 @@ class BatcherService:
             acks.append(await self.producer.send(self.names.batches, encode(batch), partition=part))
             self.batch_sizes.append(len(group))
         await asyncio.gather(*acks)
+        done = time.time()
         for q in items:
             self._unacked[q.item.tp].discard(q.item.offset)
+            self.window_waits_ms.append((decided - q.enqueued_at) * 1000)
+            self.handoff_ms.append((done - decided) * 1000)
 
     async def _commit(self) -> None:
         """Commit, per partition, up to the first record not yet safely handed off."""

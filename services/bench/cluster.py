@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
+from shared import registry
 from shared.codec import decode
 from shared.kafka_io import ensure_topics
 from shared.messages import TokenEvent
@@ -92,9 +93,9 @@ class Stack:
             async with httpx.AsyncClient() as http:
                 while time.monotonic() < deadline:
                     self.check_alive()
-                    hbs = [
-                        k async for k in client.scan_iter(match=self.names.heartbeat_prefix + "*")
-                    ]
+                    hbs = await registry.read_live(
+                        client, self.names.workers_index, self.names.heartbeat, 3.0
+                    )
                     edges_ok = True
                     for name in self.edge_ports:
                         try:
@@ -162,6 +163,7 @@ class StreamRecorder:
         self.client = aioredis.Redis.from_url(redis_url)
         self.names = names
         self.raw: dict[str, list[TokenEvent]] = {}
+        self.first_at: dict[str, float] = {}  # wall time the first event arrived
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> StreamRecorder:
@@ -183,6 +185,7 @@ class StreamRecorder:
                 if msg["type"] == "pmessage":
                     ev = decode(TokenEvent, msg["data"])
                     self.raw.setdefault(ev.request_id, []).append(ev)
+                    self.first_at.setdefault(ev.request_id, time.time())
         finally:
             await pubsub.aclose()
 

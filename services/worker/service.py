@@ -30,7 +30,7 @@ from services.worker.engine.sampler import SamplingConfig
 from services.worker.events import StreamState
 from services.worker.offsets import OffsetTracker
 from services.worker.runtime import EngineThread
-from shared import token_stream
+from shared import registry, token_stream
 from shared.codec import DecodeError, decode, encode
 from shared.kafka_io import make_consumer, make_producer
 from shared.messages import (
@@ -138,7 +138,10 @@ class WorkerService:
         await self.consumer.stop()
         await self.producer.stop()
         with contextlib.suppress(Exception):
-            await self.redis.delete(self.names.heartbeat(self.settings.worker_id))
+            pipe = self.redis.pipeline(transaction=False)
+            wid = self.settings.worker_id
+            registry.withdraw(pipe, self.names.workers_index, wid, self.names.heartbeat(wid))
+            await pipe.execute()
         await self.redis.aclose()
 
     async def hand_back(self, partitions: list[int]) -> None:
@@ -361,7 +364,8 @@ class WorkerService:
             hb = WorkerHeartbeat(
                 worker_id=s.worker_id,
                 partitions=sorted(tp.partition for tp in self.consumer.assignment()),
-                free_slots=max(0, s.max_running - st.running - st.waiting),
+                # Negative when requests queue beyond the running cap: batchers count it.
+                free_slots=s.max_running - st.running - st.waiting,
                 free_kv_tokens=st.free_kv_tokens,
                 running=st.running,
                 waiting=st.waiting,
@@ -369,8 +373,9 @@ class WorkerService:
                 prefix_hashes=self.engine.kv.summary_hashes(256),
             )
             pipe = self.redis.pipeline(transaction=False)
-            pipe.set(
-                self.names.heartbeat(s.worker_id), encode(hb), px=int(s.heartbeat_ttl_s * 1000)
+            key = self.names.heartbeat(s.worker_id)
+            registry.advertise(
+                pipe, self.names.workers_index, s.worker_id, key, encode(hb), s.heartbeat_ttl_s
             )
             for rid in self.streams:
                 pipe.pexpire(self.names.claim(rid), self._claim_ms)

@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared import registry
 from shared.codec import DecodeError, decode, encode
 from shared.messages import (
     BatcherStatus,
@@ -120,15 +121,12 @@ async def test_backpressure_pauses_consumption_and_bounds_the_queue(bare: Stack)
     client = aioredis.Redis.from_url(stk.env["TW_REDIS_URL"])
     statuses: list[BatcherStatus] = []
     try:
-        # No worker yet: after a first window the batcher dispatches by hash to Kafka,
-        # so hold the flood back with a worker that has no free slot at all.
         await produce(boot, stk.names.requests, [encode(r) for r in reqs])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            keys = [k async for k in client.scan_iter(match=stk.names.batcher_status_prefix + "*")]
-            for raw in await client.mget(keys) if keys else []:
-                if raw:
-                    statuses.append(decode(BatcherStatus, raw))
+            index, key_of = stk.names.batchers_index, stk.names.batcher_status
+            for raw in await registry.read_live(client, index, key_of, 3.0):
+                statuses.append(decode(BatcherStatus, raw))
             if any(s.paused for s in statuses):
                 break
             await asyncio.sleep(0.1)

@@ -1,0 +1,200 @@
+"""``tokenwire bench batcher``: the batcher's window and routing, measured on real Kafka,
+Redis and worker processes (the batcher runs in-process so its own timings are visible).
+
+Part A — window: added wait at low load (one request at a time, a worker with room) and
+batch sizes under load. Part B — routing: a shared-prefix workload on two workers with a
+small KV budget, prefix affinity versus round-robin: prefix-cache hit rate and tokens/s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from services.batcher.config import BatcherSettings
+from services.batcher.routing import RoutingMode
+from services.batcher.service import BatcherService
+from services.bench.cluster import Stack, StreamRecorder, make_stack
+from shared.codec import encode
+from shared.messages import GenerateRequest, SamplingParams
+
+WORDS = (
+    "return the value of each key in the mapping when it is not none and raise an error if the "
+    "argument is a list of strings or a path to a file that does not exist yet"
+).split()
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
+
+
+class Bench:
+    def __init__(self, env: dict[str, str], model_dir: str, log_dir: Path) -> None:
+        self.env, self.model_dir, self.log_dir = env, model_dir, log_dir
+
+    async def cluster(
+        self, tag: str, routing: RoutingMode, workers: int, **worker_env: str
+    ) -> tuple[Stack, BatcherService]:
+        stack = make_stack(
+            f"bench-{tag}-{uuid.uuid4().hex[:6]}", self.env, self.model_dir, self.log_dir
+        )
+        await stack.create_topics(partitions=4)
+        for i in range(workers):
+            stack.start("worker", f"w{i}", **worker_env)
+        await stack.wait_ready(workers=workers)
+        from transformers import AutoTokenizer
+
+        settings = BatcherSettings.from_env(
+            stack.env, routing=routing, model_dir=self.model_dir, batcher_id=f"{stack.prefix}-b"
+        )
+        tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        return stack, BatcherService(settings, tokenizer)
+
+    async def window(self) -> dict[str, Any]:
+        stack, batcher = await self.cluster("window", RoutingMode.AFFINITY, 1)
+        task = asyncio.create_task(batcher.run())
+        producer = AIOKafkaProducer(bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"], acks="all")
+        await producer.start()
+        try:
+            async with StreamRecorder(stack.env["TW_REDIS_URL"], stack.names) as rec:
+                await asyncio.sleep(1.0)
+                ttft = []
+                for i in range(40):  # low load: one at a time, the worker always has room
+                    req = _request(f"low {i} " + " ".join(random.choices(WORDS, k=8)), 4)
+                    t0 = time.time()
+                    await producer.send_and_wait(stack.names.requests, encode(req))
+                    await rec.wait_finished({req.request_id}, within_s=30, stack=stack)
+                    ttft.append((rec.first_at[req.request_id] - t0) * 1000)
+                low_waits = list(batcher.window_waits_ms)
+                low_handoff = list(batcher.handoff_ms)
+                batcher.batch_sizes.clear()
+                burst = [_request(" ".join(random.choices(WORDS, k=12)), 16) for _ in range(400)]
+                futs = [await producer.send(stack.names.requests, encode(r)) for r in burst]
+                await asyncio.gather(*futs)
+                await rec.wait_finished({r.request_id for r in burst}, within_s=300, stack=stack)
+                load_waits = list(batcher.window_waits_ms)[len(low_waits) :]
+                sizes = list(batcher.batch_sizes)
+        finally:
+            await producer.stop()
+            batcher.stop()
+            await task
+            stack.stop_all()
+        return {
+            "low_load_batcher_wait_ms_p50": statistics.median(low_waits),
+            "low_load_batcher_wait_ms_p99": _pct(low_waits, 0.99),
+            "low_load_handoff_ms_p50": statistics.median(low_handoff),
+            "low_load_ttft_ms_p50": statistics.median(ttft),
+            "load_batcher_wait_ms_p50": statistics.median(load_waits),
+            "load_batcher_wait_ms_p99": _pct(load_waits, 0.99),
+            "load_batch_size_mean": statistics.fmean(sizes),
+            "load_batch_size_histogram": dict(sorted(Counter(sizes).items())),
+        }
+
+    async def routing(
+        self, mode: RoutingMode, prefixes: int, per_prefix: int, concurrency: int
+    ) -> dict[str, Any]:
+        rng = random.Random(7)
+        heads = [" ".join(rng.choices(WORDS, k=110)) for _ in range(prefixes)]
+        reqs = [
+            _request(f"{h}\nquestion {j}: " + " ".join(rng.choices(WORDS, k=6)), 16)
+            for h in heads
+            for j in range(per_prefix)
+        ]
+        rng.shuffle(reqs)
+        stack, batcher = await self.cluster(
+            mode.value, mode, 2, TW_KV_BUDGET_TOKENS="3072", TW_MAX_RUNNING="8"
+        )
+        task = asyncio.create_task(batcher.run())
+        producer = AIOKafkaProducer(bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"], acks="all")
+        await producer.start()
+        try:
+            async with StreamRecorder(stack.env["TW_REDIS_URL"], stack.names) as rec:
+                await asyncio.sleep(1.0)
+                t0 = time.time()
+                pending = list(reqs)
+                inflight: set[str] = set()
+                while pending or inflight:
+                    inflight -= rec.finished()
+                    while pending and len(inflight) < concurrency:
+                        r = pending.pop()
+                        await producer.send_and_wait(stack.names.requests, encode(r))
+                        inflight.add(r.request_id)
+                    await asyncio.sleep(0.01)
+                    stack.check_alive()
+                wall = time.time() - t0
+                finals = [rec.stream(r.request_id)[-1] for r in reqs]
+        finally:
+            await producer.stop()
+            batcher.stop()
+            await task
+            stack.stop_all()
+        prompt = sum(f.usage.prompt_tokens for f in finals if f.usage)
+        cached = sum(f.usage.cached_tokens for f in finals if f.usage)
+        completion = sum(f.usage.completion_tokens for f in finals if f.usage)
+        return {
+            "hit_rate": cached / prompt,
+            "tok_s": completion / wall,
+            "wall_s": wall,
+            "requests": len(reqs),
+        }
+
+
+def _request(prompt: str, max_tokens: int) -> GenerateRequest:
+    return GenerateRequest(
+        prompt=prompt,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+    )
+
+
+async def measure(
+    env: dict[str, str], model_dir: str, log_dir: Path, quick: bool
+) -> dict[str, Any]:
+    bench = Bench(env, model_dir, log_dir)
+    report: dict[str, Any] = {"window": await bench.window()}
+    print(json.dumps(report["window"]))
+    prefixes, per = (4, 4) if quick else (16, 8)
+    for mode in (RoutingMode.AFFINITY, RoutingMode.ROUND_ROBIN):
+        report[mode.value] = await bench.routing(mode, prefixes, per, concurrency=16)
+        print(mode.value, json.dumps(report[mode.value]))
+    a, r = report["affinity"], report["round_robin"]
+    report["affinity_vs_round_robin"] = {
+        "hit_rate": (a["hit_rate"], r["hit_rate"]),
+        "tok_s_ratio": a["tok_s"] / r["tok_s"],
+    }
+    return report
+
+
+def run(
+    env: dict[str, str], model_dir: str, out: Path | None, quick: bool = False
+) -> dict[str, Any]:
+    log_dir = Path("reports/logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    report = asyncio.run(measure(env, model_dir, log_dir, quick))
+    w, a, r = report["window"], report["affinity"], report["round_robin"]
+    print(
+        f"\nwindow: low-load batcher wait p50 {w['low_load_batcher_wait_ms_p50']:.1f} ms "
+        f"(p99 {w['low_load_batcher_wait_ms_p99']:.1f}) + hand-off to Kafka p50 "
+        f"{w['low_load_handoff_ms_p50']:.1f} ms, TTFT p50 {w['low_load_ttft_ms_p50']:.1f} ms; "
+        f"under load wait p50 {w['load_batcher_wait_ms_p50']:.0f} ms, "
+        f"mean batch {w['load_batch_size_mean']:.1f}, sizes {w['load_batch_size_histogram']}"
+    )
+    print(
+        f"routing (2 workers, shared prefixes): hit rate {a['hit_rate']:.0%} affinity vs "
+        f"{r['hit_rate']:.0%} round-robin; {a['tok_s']:.0f} vs {r['tok_s']:.0f} tok/s "
+        f"({a['tok_s'] / r['tok_s']:.2f}x)"
+    )
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
+        print(f"wrote {out}")
+    return report
