@@ -19,8 +19,8 @@ class BatcherSettings(CommonSettings):
     max_batch_requests: int = Field(64, ge=1)
     heartbeat_refresh_ms: float = Field(20.0, gt=0, description="how stale a worker view may be")
     routing: RoutingMode = RoutingMode.AFFINITY
-    worker_queue_allowance: int = Field(
-        4, ge=0, description="requests a worker may queue beyond its free slots (affinity slack)"
+    affinity_tolerance: int = Field(
+        4, ge=0, description="load imbalance (requests) accepted to keep a prefix on its worker"
     )
     block_size: int = Field(16, ge=1, description="must match the workers' KV block size")
     model_dir: str = Field("", description="tokenizer for prefix-affinity routing (optional)")

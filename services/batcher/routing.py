@@ -2,9 +2,10 @@
 
 Prefix affinity first: a request goes to the worker whose cache summary holds its deepest
 leading block, else to its prefix's home worker by rendezvous hashing over live workers —
-unless that worker is overloaded (no free slot and already ``allowance`` requests queued
-beyond them), in which case the least-loaded worker takes it. Requests without a full
-leading block go to the least-loaded worker.
+unless that worker is overloaded: ``tolerance`` or more requests queued beyond its slots,
+or ``tolerance`` fewer free slots than the least-loaded worker (so affinity never idles
+half the fleet). Then, and for requests without a full leading block, the least-loaded
+worker takes it.
 """
 
 from __future__ import annotations
@@ -56,26 +57,31 @@ def least_loaded(workers: Sequence[WorkerView]) -> WorkerView:
 
 
 class Router:
-    def __init__(self, mode: RoutingMode = RoutingMode.AFFINITY, allowance: int = 0) -> None:
+    def __init__(self, mode: RoutingMode = RoutingMode.AFFINITY, tolerance: int = 0) -> None:
         self.mode = mode
-        self.allowance = allowance  # requests a worker may queue beyond its free slots
+        self.tolerance = tolerance
         self._rr = 0
 
-    def has_room(self, w: WorkerView) -> bool:
-        return w.free_slots + self.allowance > 0
+    def acceptable(self, w: WorkerView, workers: Sequence[WorkerView]) -> bool:
+        """Whether affinity may send one more request to ``w``."""
+        if w.free_slots > 0 and self.tolerance == 0:
+            return True
+        best = max(x.free_slots for x in workers)
+        return w.free_slots > -self.tolerance and w.free_slots > best - self.tolerance
 
     def route(self, hashes: Sequence[int], workers: Sequence[WorkerView]) -> WorkerView:
         """The worker for a request whose leading block hashes are ``hashes``."""
         if self.mode is RoutingMode.ROUND_ROBIN:
+            open_ = [w for w in workers if w.free_slots > 0] or list(workers)
             self._rr += 1
-            return workers[self._rr % len(workers)]
+            return open_[self._rr % len(open_)]
         if self.mode is RoutingMode.AFFINITY and hashes:
             for h in reversed(hashes):
-                holders = [w for w in workers if h in w.hashes and self.has_room(w)]
+                holders = [w for w in workers if h in w.hashes and self.acceptable(w, workers)]
                 if holders:
                     return least_loaded(holders)
             home = _rendezvous(hashes[0], workers)
-            if self.has_room(home):
+            if self.acceptable(home, workers):
                 return home
         return least_loaded(workers)
 

@@ -104,7 +104,7 @@ class BatcherService:
             settings.max_batch_requests,
             settings.target_wait_ms,
         )
-        self.router = Router(settings.routing, settings.worker_queue_allowance)
+        self.router = Router(settings.routing, settings.affinity_tolerance)
         self.redis: aioredis.Redis = aioredis.Redis.from_url(settings.redis_url)
         # Batching is this service's own job: the producer sends at once (no linger).
         self.producer: AIOKafkaProducer = make_producer(
@@ -312,12 +312,7 @@ class BatcherService:
     async def _dispatch(self, workers: list[WorkerView]) -> None:
         """Take what the workers have room for and send one batch per target partition."""
         decided = time.time()
-        allowance = self.settings.worker_queue_allowance
-        room = (
-            sum(max(0, w.free_slots + allowance) for w in workers)
-            if workers
-            else self.policy.max_requests
-        )
+        room = sum(max(0, w.free_slots) for w in workers) if workers else self.policy.max_requests
         items = self.queue.pop(min(self.policy.max_requests, room))
         log.debug(
             "dispatch %d of %d queued (room %s)", len(items), len(self.queue) + len(items), room
@@ -330,8 +325,7 @@ class BatcherService:
         for q in items:
             target = None
             if workers:
-                open_ = [w for w in workers if self.router.has_room(w)] or workers
-                target = self.router.route(q.item.hashes, open_)
+                target = self.router.route(q.item.hashes, workers)
                 target.free_slots -= 1
                 target.free_tokens -= q.cost
                 self._sent[target.worker_id].append((now, 1, q.cost))

@@ -250,13 +250,31 @@ def test_least_loaded_mode_ignores_the_prefix() -> None:
     assert Router(RoutingMode.AFFINITY).route(H, ws).worker_id == "holder"
 
 
-def test_round_robin_cycles_through_the_workers() -> None:
-    ws = [view("a", hashes=H), view("b", free=100), view("c", free=0)]
+def test_round_robin_cycles_through_the_workers_with_room() -> None:
+    ws = [view("a", hashes=H), view("b", free=100), view("c", free=2)]
     router = Router(RoutingMode.ROUND_ROBIN)
     picks = [router.route(H, ws).worker_id for _ in range(9)]
     assert Counter(picks) == {"a": 3, "b": 3, "c": 3}
     assert picks[:3] == picks[3:6] == picks[6:]
     assert len(set(picks[:3])) == 3
+    full = [view("a"), view("b", free=0)]
+    assert {router.route(H, full).worker_id for _ in range(4)} == {"a"}
+
+
+def test_affinity_tolerates_a_bounded_imbalance_only() -> None:
+    router = Router(RoutingMode.AFFINITY, tolerance=2)
+    # The holder has 1 free slot fewer than the idlest worker: within tolerance.
+    assert (
+        router.route(H, [view("holder", free=3, hashes=H), view("b", free=4)]).worker_id == "holder"
+    )
+    # Two fewer: affinity would idle b, so b takes it.
+    assert router.route(H, [view("holder", free=2, hashes=H), view("b", free=4)]).worker_id == "b"
+    # Full everywhere: the holder may queue up to the tolerance, no further.
+    assert (
+        router.route(H, [view("holder", free=-1, hashes=H), view("b", free=0)]).worker_id
+        == "holder"
+    )
+    assert router.route(H, [view("holder", free=-2, hashes=H), view("b", free=0)]).worker_id == "b"
 
 
 def test_routing_modes_parse_from_settings_strings() -> None:
