@@ -73,8 +73,9 @@ class KeyStore:
         self.required = required
 
     async def authenticate(self, key: str | None) -> Principal:
-        """The caller with ``key``; raises a 401 ``ApiError`` for a missing (when keys are
-        required) or unknown key."""
+        """The caller with ``key``. Where keys are required, a missing or unknown key is a
+        401 ``ApiError``; otherwise it runs as the anonymous tenant (OpenAI clients always
+        send some key, so a development edge must not refuse theirs)."""
         if key is None:
             if self.required:
                 raise unauthorized("missing API key: send 'Authorization: Bearer <key>'")
@@ -85,6 +86,8 @@ class KeyStore:
             raw = await self._redis.hget(self._names.api_keys, digest)
             tenant = _text(raw)
         if tenant is None or not _TENANT.match(tenant):
+            if not self.required:
+                return Principal(ANONYMOUS, "anonymous")
             raise unauthorized("invalid API key")
         # A digest prefix names the key in rate-limit buckets; braces make the two buckets
         # of one key a Redis Cluster hash tag, so one script can update both atomically.

@@ -32,8 +32,8 @@ class EdgeSettings(CommonSettings):
     # --- API keys ------------------------------------------------------------------------
     auth: Literal["off", "required"] = Field(
         "off",
-        description="required: every API call needs a valid key (401 otherwise); off: a call "
-        "without a key runs as tenant 'default', a call with a key still needs a valid one",
+        description="required: every API call needs a valid key (401 otherwise); off: a "
+        "known key still selects its tenant, any other call runs as tenant 'default'",
     )
     api_keys: str = Field(
         "",

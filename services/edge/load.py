@@ -1,7 +1,7 @@
 """The batchers' queue depth, read in the background so admission never waits on it.
 
-Batchers refresh ``BatcherStatus`` under short-lived keys; the edge sums them every
-``refresh_s`` and sheds load (503) while the total queue exceeds the limit, before
+Batchers advertise ``BatcherStatus`` in the live-member registry (short-lived keys and an
+index, no keyspace scan); the edge sums them every ``refresh_s`` and sheds load (503) while the total queue exceeds the limit, before
 queues grow without bound.
 """
 
@@ -13,11 +13,14 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from shared import registry
 from shared.codec import DecodeError, decode
 from shared.messages import BatcherStatus
 from shared.names import Names
 
 log = logging.getLogger(__name__)
+
+STATUS_TTL_S = 3.0  # batchers refresh their status several times within this
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,19 +49,15 @@ class LoadWatcher:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def refresh(self) -> Load:
-        keys = [
-            k
-            async for k in self._redis.scan_iter(
-                match=self._names.batcher_status_prefix + "*", count=100
-            )
-        ]
+        n = self._names
         statuses = []
-        for raw in await self._redis.mget(keys) if keys else []:
-            if raw:
-                try:
-                    statuses.append(decode(BatcherStatus, raw))
-                except DecodeError:
-                    continue
+        for raw in await registry.read_live(
+            self._redis, n.batchers_index, n.batcher_status, STATUS_TTL_S
+        ):
+            try:
+                statuses.append(decode(BatcherStatus, raw))
+            except DecodeError:
+                continue
         self.current = Load(
             batchers=len(statuses),
             queued_requests=sum(s.queued_requests for s in statuses),

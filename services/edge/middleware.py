@@ -9,6 +9,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.edge.metrics import EdgeMetrics
 
+# Oversized bodies up to this size are read and dropped before the 413 goes out; larger
+# ones are refused at once and the connection closed.
+DRAIN_LIMIT = 16 * 1024 * 1024
+
 
 class BodyLimit:
     """Refuses request bodies over ``max_bytes`` with 413, before any parsing: by the
@@ -23,8 +27,8 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await self._refuse(send)
+        if declared is not None and declared > DRAIN_LIMIT:
+            await self._refuse(send, drained=False)
             return
         chunks: list[bytes] = []
         size = 0
@@ -35,7 +39,8 @@ class BodyLimit:
             chunks.append(msg.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                await self._refuse(send)
+                more = bool(msg.get("more_body", False))
+                await self._refuse(send, drained=await _drain(receive, size, more))
                 return
             if not msg.get("more_body", False):
                 break
@@ -51,7 +56,7 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, *, drained: bool) -> None:
         err = {
             "message": f"request body larger than {self.max_bytes} bytes",
             "type": "invalid_request_error",
@@ -59,13 +64,23 @@ class BodyLimit:
             "code": "request_too_large",
         }
         data = orjson.dumps({"error": err})
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(data)).encode()),
-            (b"connection", b"close"),
-        ]
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
+        if not drained:  # the rest of the body is still coming: do not read it
+            headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": data})
+
+
+async def _drain(receive: Receive, size: int, more: bool) -> bool:
+    """Read and drop the rest of an oversized body (up to ``DRAIN_LIMIT``), so the client
+    sees the 413 rather than a connection reset while it is still sending."""
+    while more and size <= DRAIN_LIMIT:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return False
+        size += len(msg.get("body", b""))
+        more = msg.get("more_body", False)
+    return not more
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -118,9 +118,11 @@ class JsonRelay(_Relay):
         loop = asyncio.get_running_loop()
         idle_since = loop.time()
         text: list[str] = []
-        while not stream.finished:
+        while True:
             events = await stream.next(plan.st.settings.keepalive_s)
             if not events:
+                if stream.finished:
+                    break
                 if loop.time() - idle_since > plan.st.settings.request_timeout_s:
                     body = {"error": {"message": "the request timed out", "type": "server_error"}}
                     await _json(send, 504, body, stream.request_id)

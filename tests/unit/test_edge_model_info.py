@@ -36,7 +36,7 @@ def test_counts_match_the_worker_tokenizer(model_dir: str) -> None:
 
 def test_template_errors_are_typed(model_dir: str) -> None:
     info = ModelInfo.load(model_dir)
-    bad = ChatMessage.model_construct(role="tool", content="x")
+    bad = ChatMessage.model_construct(role="tool", content="x")  # type: ignore[arg-type]
     with pytest.raises(TemplateError, match="unsupported chat role"):
         info.count_chat([bad])
 

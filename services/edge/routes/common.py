@@ -12,7 +12,7 @@ from services.edge.errors import unauthorized
 from services.edge.state import EdgeState
 
 # Declares the scheme in the OpenAPI document; the header itself is parsed below, so that
-# a malformed one is a 401 even where anonymous calls are allowed.
+# a malformed one is a 401 (where keys are required) rather than a missing one.
 _bearer = HTTPBearer(auto_error=False, description="an API key: 'Authorization: Bearer twk-…'")
 
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
@@ -39,9 +39,10 @@ async def principal(
     """The caller, from ``Authorization: Bearer <key>``."""
     header = request.headers.get("authorization")
     key = bearer_token(header)
-    if header is not None and key is None:
+    keys = edge_state(request).keys
+    if header is not None and key is None and keys.required:
         raise unauthorized("malformed Authorization header: expected 'Bearer <key>'")
-    return await edge_state(request).keys.authenticate(key)
+    return await keys.authenticate(key)
 
 
 Caller = Annotated[Principal, Depends(principal)]

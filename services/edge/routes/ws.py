@@ -129,11 +129,13 @@ async def _relay(
 async def _pump(ws: WebSocket, st: EdgeState, stream: EventStream, shape: Shape) -> None:
     settings = st.settings
     idle = 0.0
-    while not stream.finished:
+    while True:
         events = await stream.next(settings.keepalive_s)
         if not events:
+            if stream.finished:
+                break
             idle += settings.keepalive_s
-            if idle > settings.request_timeout_s and not stream.finished:
+            if idle > settings.request_timeout_s:
                 err = {
                     "message": "the request timed out",
                     "type": "server_error",
@@ -170,7 +172,12 @@ async def _owned(st: EdgeState, who: Principal, rid: str) -> None:
 
 
 async def _receive(ws: WebSocket) -> dict[str, Any]:
-    raw = await ws.receive_text()
+    """The next JSON object from the client (text or binary frame); anything else reads as
+    an unknown message, answered with a 400 frame."""
+    message = await ws.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    raw = message.get("text") or message.get("bytes") or b""
     try:
         msg = orjson.loads(raw)
     except orjson.JSONDecodeError:

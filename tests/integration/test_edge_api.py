@@ -1,0 +1,517 @@
+"""The edge against real Kafka, Redis, a batcher, a worker and several edge processes:
+the OpenAI client, resume on another edge, cancellation, keys and tenants, rate limits,
+load shedding, validation, WebSocket, and a schemathesis run against the OpenAPI spec."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+import redis.asyncio as aioredis
+from openai.types.chat import ChatCompletionMessageParam
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
+
+from services.edge.auth import hash_key
+from shared import registry, token_stream
+from shared.codec import decode, encode
+from shared.messages import BatcherStatus, WorkerHeartbeat
+from tests.integration.harness import Stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "tokenwire-tiny"
+ACME, BETA, GAMMA, DELTA = (f"twk-test-{t}" for t in ("acme", "beta", "gamma", "delta"))
+KEYS_ENV = f"{hash_key(ACME)}=acme,{hash_key(BETA)}=beta,{hash_key(DELTA)}=delta"
+LONG = {"max_tokens": 1500, "ignore_eos": True, "temperature": 0}
+
+
+@dataclass
+class Edges:
+    stack: Stack
+    redis: aioredis.Redis
+
+    def url(self, name: str) -> str:
+        return self.stack.url(name)
+
+
+@pytest.fixture(scope="module")
+async def edges(stack: Stack) -> AsyncIterator[Edges]:
+    """Extra edges on the module's stack: ``a`` and ``b`` require keys, ``limited`` has
+    tight rate limits, ``fuzz`` no rate limits and a small max_tokens."""
+    keyed = {"TW_AUTH": "required", "TW_API_KEYS": KEYS_ENV, "TW_LOAD_REFRESH_S": "0.2"}
+    stack.start("edge", name="a", **keyed)
+    stack.start("edge", name="b", **keyed)
+    stack.start(
+        "edge",
+        name="limited",
+        **keyed,
+        TW_RATE_REQUESTS_PER_MIN="3",
+        TW_RATE_TOKENS_PER_MIN="400",
+    )
+    stack.start(
+        "edge",
+        name="fuzz",
+        **keyed,
+        TW_RATE_REQUESTS_PER_MIN="0",
+        TW_RATE_TOKENS_PER_MIN="0",
+        TW_MAX_TOKENS_LIMIT="8",
+        TW_MAX_BODY_BYTES="65536",
+    )
+    client = aioredis.Redis.from_url(stack.env["TW_REDIS_URL"])
+    await client.hset(stack.names.api_keys, hash_key(GAMMA), "gamma")  # a key kept in Redis
+    try:
+        await stack.wait_ready()
+        yield Edges(stack, client)
+    finally:
+        await client.aclose()
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+_LINES: dict[int, AsyncIterator[str]] = {}
+
+
+async def sse(resp: httpx.Response, limit: int | None = None) -> list[tuple[int | None, str]]:
+    """(id, data) of the SSE events of a response, stopping after ``limit`` with an id;
+    a later call goes on where the last one stopped."""
+    lines = _LINES.setdefault(id(resp), resp.aiter_lines())
+    out: list[tuple[int | None, str]] = []
+    event_id = None
+    async for line in lines:
+        if line.startswith("id: "):
+            event_id = int(line[4:])
+        elif line.startswith("data: "):
+            out.append((event_id, line[6:]))
+            if limit is not None and event_id is not None and len(out) >= limit:
+                break
+            event_id = None
+    return out
+
+
+def texts(events: list[tuple[int | None, str]]) -> dict[int, str]:
+    """seq → text of the token events (chunks with an id)."""
+    out = {}
+    for i, data in events:
+        if i is not None:
+            choice = orjson.loads(data)["choices"][0]
+            out[i] = choice.get("text", choice.get("delta", {}).get("content", ""))
+    return out
+
+
+# --- the OpenAI client -------------------------------------------------------------------
+async def test_openai_client_streaming_and_not_for_both_endpoints(edges: Edges) -> None:
+    client = openai.AsyncOpenAI(base_url=edges.url("a") + "/v1", api_key=ACME, max_retries=0)
+    prompt = "The function returns a list of"
+    whole = await client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=20, temperature=0
+    )
+    assert whole.id.startswith("cmpl-") and whole.object == "text_completion"
+    assert whole.usage is not None and whole.usage.prompt_tokens >= 1
+    assert whole.choices[0].finish_reason in ("stop", "length")
+
+    parts, finish, usage = [], None, None
+    stream = await client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for chunk in stream:
+        if chunk.choices:
+            parts.append(chunk.choices[0].text)
+            finish = chunk.choices[0].finish_reason or finish
+        usage = chunk.usage or usage
+    assert "".join(parts) == whole.choices[0].text  # greedy: the same tokens either way
+    assert finish == whole.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "What does the function return?"}
+    ]
+    chat = await client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=0
+    )
+    assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
+    assert chat.usage is not None and chat.usage.completion_tokens >= 1
+    deltas, roles = [], []
+    chat_stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+    )
+    async for c in chat_stream:
+        if c.choices:
+            deltas.append(c.choices[0].delta.content or "")
+            roles.append(c.choices[0].delta.role)
+    assert "".join(deltas) == chat.choices[0].message.content
+    assert roles[0] == "assistant"
+
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    await client.close()
+
+
+async def test_health_readiness_and_metrics(edges: Edges) -> None:
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=30) as http:
+        assert (await http.get("/healthz")).json() == {"status": "ok"}
+        ready = await http.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        assert ready.json() == {"status": "ok", "kafka": "ok", "redis": "ok", "pubsub": "ok"}
+        metrics = (await http.get("/metrics")).text
+    assert "tw_edge_events_relayed_total" in metrics
+    assert 'tw_edge_requests_total{route="/v1/completions",status="200"}' in metrics
+    assert "tw_edge_first_event_seconds_bucket" in metrics
+
+
+# --- keys and tenants ----------------------------------------------------------------
+async def test_requests_need_a_valid_key(edges: Edges) -> None:
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=30) as http:
+        for headers in ({}, auth("twk-wrong"), {"Authorization": "Basic abc"}):
+            r = await http.post("/v1/completions", json=body, headers=headers)
+            assert r.status_code == 401, r.text
+            assert r.json()["error"]["type"] == "authentication_error"
+        assert (await http.get("/v1/models")).status_code == 401
+        # A key registered in Redis (hashed) works like one from the settings.
+        r = await http.post("/v1/completions", json=body, headers=auth(GAMMA))
+        assert r.status_code == 200, r.text
+    # An edge without TW_AUTH=required serves anonymous calls as tenant "default".
+    async with httpx.AsyncClient(base_url=edges.url("edge"), timeout=30) as http:
+        r = await http.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert await edges.redis.get(edges.stack.names.owner(r.json()["id"])) == b"default"
+
+
+async def test_another_tenant_cannot_resume_or_cancel(edges: Edges) -> None:
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "resumable": True}
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=30) as http:
+        rid = (await http.post("/v1/completions", json=body, headers=auth(ACME))).json()["id"]
+        assert await edges.redis.get(edges.stack.names.owner(rid)) == b"acme"
+        for path in (f"/v1/requests/{rid}/stream",):
+            assert (await http.get(path, headers=auth(BETA))).status_code == 404
+        assert (
+            await http.post(f"/v1/requests/{rid}/cancel", headers=auth(BETA))
+        ).status_code == 404
+        missing = await http.get("/v1/requests/cmpl-nope/stream", headers=auth(ACME))
+        assert missing.status_code == 404
+        async with http.stream("GET", f"/v1/requests/{rid}/stream", headers=auth(ACME)) as r:
+            assert r.status_code == 200
+            events = await sse(r)
+    assert events[-1] == (None, "[DONE]")
+    assert sorted(texts(events)) == list(range(len(texts(events))))
+
+
+# --- resume ----------------------------------------------------------------------------
+async def test_resume_on_another_edge_with_last_event_id(edges: Edges) -> None:
+    body = {"model": MODEL, "prompt": "Return the", "stream": True, "resumable": True, **LONG}
+    body["max_tokens"] = 60
+    k = 5
+    async with httpx.AsyncClient(timeout=60) as http:
+        async with http.stream(
+            "POST", edges.url("a") + "/v1/completions", json=body, headers=auth(ACME)
+        ) as r:
+            rid = r.headers["x-request-id"]
+            first = await sse(r, limit=k)  # then drop the connection mid-stream
+        assert [i for i, _ in first] == list(range(k))
+        last = first[-1][0]
+        async with http.stream(
+            "GET",
+            edges.url("b") + f"/v1/requests/{rid}/stream",
+            headers={**auth(ACME), "Last-Event-ID": str(last)},
+        ) as r:
+            assert r.status_code == 200
+            rest = await sse(r)
+        # After the end, a fresh reader gets the whole stream from the replay log.
+        async with http.stream(
+            "GET", edges.url("a") + f"/v1/requests/{rid}/stream", headers=auth(ACME)
+        ) as r:
+            replay = await sse(r)
+        # Resuming after the final event: nothing is missing, so only the end marker.
+        final_id = max(texts(replay))
+        async with http.stream(
+            "GET",
+            edges.url("b") + f"/v1/requests/{rid}/stream",
+            headers={**auth(ACME), "Last-Event-ID": str(final_id)},
+        ) as r:
+            after_end = await sse(r)
+    assert rest[-1] == (None, "[DONE]")
+    ids = [i for i, _ in rest if i is not None]
+    assert ids == list(range(k, final_id + 1))  # exactly the missed events: no gap, no dup
+    assert {**texts(first), **texts(rest)} == texts(replay)
+    assert len(texts(replay)) == final_id + 1 and final_id >= k
+    assert after_end == [(None, "[DONE]")]
+
+
+# --- cancellation ----------------------------------------------------------------------
+async def _heartbeat(edges: Edges) -> WorkerHeartbeat:
+    n = edges.stack.names
+    (raw,) = await registry.read_live(edges.redis, n.workers_index, n.heartbeat, 3.0)
+    return decode(WorkerHeartbeat, raw)
+
+
+async def _wait_idle_worker(edges: Edges, within_s: float = 30) -> WorkerHeartbeat:
+    deadline = time.monotonic() + within_s
+    while True:
+        hb = await _heartbeat(edges)
+        if (hb.running == 0 and hb.kv_used_tokens == 0) or time.monotonic() > deadline:
+            return hb
+        await asyncio.sleep(0.2)
+
+
+async def test_cancel_mid_stream_ends_it_and_frees_the_sequence(edges: Edges) -> None:
+    body = {"model": MODEL, "prompt": "The module", "stream": True, **LONG}
+    async with httpx.AsyncClient(timeout=60) as http:
+        async with http.stream(
+            "POST", edges.url("a") + "/v1/completions", json=body, headers=auth(ACME)
+        ) as r:
+            rid = r.headers["x-request-id"]
+            got = await sse(r, limit=3)
+            ack = await http.post(edges.url("b") + f"/v1/requests/{rid}/cancel", headers=auth(ACME))
+            assert ack.status_code == 200, ack.text
+            got += await sse(r)
+    info = ack.json()
+    assert info["status"] == "cancelled" and info["finish_reason"] == "cancelled"
+    ids = [i for i, _ in got if i is not None]
+    assert ids == list(range(len(ids)))
+    assert ids[-1] == info["last_event_id"]  # no token after the acknowledged end
+    final = orjson.loads(got[-2][1])
+    assert final["choices"][0]["finish_reason"] == "cancelled"
+    assert info["usage"]["completion_tokens"] < LONG["max_tokens"]
+    hb = await _wait_idle_worker(edges)
+    assert (hb.running, hb.kv_used_tokens) == (0, 0)
+    # Cancelling a finished request reports how it ended.
+    async with httpx.AsyncClient(timeout=30) as http:
+        again = await http.post(edges.url("a") + f"/v1/requests/{rid}/cancel", headers=auth(ACME))
+    assert again.json()["last_event_id"] == info["last_event_id"]
+
+
+async def test_disconnect_cancels_a_non_resumable_stream(edges: Edges) -> None:
+    body = {"model": MODEL, "prompt": "If the argument", "stream": True, **LONG}
+    async with (
+        httpx.AsyncClient(timeout=60) as http,
+        http.stream("POST", edges.url("a") + "/v1/completions", json=body, headers=auth(ACME)) as r,
+    ):
+        rid = r.headers["x-request-id"]
+        await sse(r, limit=2)
+    events = [
+        ev
+        async for ev in token_stream.follow(edges.redis, edges.stack.names, rid, idle_timeout_s=30)
+    ]
+    assert events[-1].finish_reason == "cancelled"
+    assert len(events) < LONG["max_tokens"]
+
+
+# --- WebSocket -------------------------------------------------------------------------
+async def test_websocket_streams_cancels_and_resumes(edges: Edges) -> None:
+    url = edges.url("a").replace("http://", "ws://") + "/v1/ws"
+    async with ws_connect(url) as ws:
+        await ws.send(
+            orjson.dumps({"type": "completions", "body": {"model": MODEL, "prompt": "x"}})
+        )
+        refused = orjson.loads(await ws.recv())
+        assert refused["type"] == "error" and refused["status"] == 401
+    async with ws_connect(url, additional_headers=auth(ACME)) as ws:
+        body = {"model": MODEL, "prompt": "The function", "max_tokens": 12, "temperature": 0}
+        await ws.send(orjson.dumps({"type": "completions", "body": body}))
+        frames = await _ws_until_done(ws)
+        rid = frames[0]["id"]
+        events = [f for f in frames if f["type"] == "event"]
+        assert [f["id"] for f in events] == list(range(len(events)))
+        assert frames[-2]["type"] == "usage" and frames[-1] == {"type": "done"}
+        # The same events as the SSE replay of that request.
+        await ws.send(orjson.dumps({"type": "resume", "request_id": rid, "last_event_id": 2}))
+        resumed = [f for f in await _ws_until_done(ws) if f["type"] == "event"]
+        assert [f["id"] for f in resumed] == [f["id"] for f in events[3:]]
+        assert [f["data"] for f in resumed] == [f["data"] for f in events[3:]]
+        # Cancel the request being relayed with a message on the same socket.
+        long = {"model": MODEL, "prompt": "The module", **LONG}
+        await ws.send(
+            orjson.dumps(
+                {
+                    "type": "chat.completions",
+                    "body": {**long, "messages": [{"role": "user", "content": "hi"}]},
+                }
+            )
+        )
+        n = 0
+        while n < 3:
+            n += orjson.loads(await ws.recv())["type"] == "event"
+        await ws.send(orjson.dumps({"type": "cancel"}))
+        frames = await _ws_until_done(ws)
+        last = [f for f in frames if f["type"] == "event"][-1]
+        assert last["data"]["choices"][0]["finish_reason"] == "cancelled"
+        await ws.send(orjson.dumps({"type": "resume", "request_id": rid.replace("cmpl", "x")}))
+        assert orjson.loads(await ws.recv())["status"] == 404
+
+
+async def _ws_until_done(ws: ClientConnection) -> list[dict[str, Any]]:
+    frames = []
+    while True:
+        f = orjson.loads(await ws.recv())
+        frames.append(f)
+        if f["type"] in ("done", "error"):
+            return frames
+
+
+# --- admission ---------------------------------------------------------------------------
+async def test_rate_limits_answer_429_with_retry_after(edges: Edges) -> None:
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=edges.url("limited"), timeout=30) as http:
+        codes = [
+            (await http.post("/v1/completions", json=body, headers=auth(BETA))).status_code
+            for _ in range(3)
+        ]
+        burst = await http.post("/v1/completions", json=body, headers=auth(BETA))
+        # Another key has buckets of its own; a request bigger than a whole minute of
+        # tokens can never pass and says so.
+        big = await http.post(
+            "/v1/completions", json={**body, "max_tokens": 450}, headers=auth(DELTA)
+        )
+        tokens = [
+            (
+                await http.post(
+                    "/v1/completions", json={**body, "max_tokens": 150}, headers=auth(DELTA)
+                )
+            ).status_code
+            for _ in range(3)
+        ]
+    assert codes == [200, 200, 200]
+    assert burst.status_code == 429 and burst.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(burst.headers["retry-after"]) >= 1
+    assert big.status_code == 429 and big.json()["error"]["code"] == "request_too_large"
+    assert tokens[:2] == [200, 200] and tokens[2] == 429  # 400 tokens a minute
+
+
+async def test_queue_depth_sheds_load_with_503(edges: Edges) -> None:
+    names = edges.stack.names
+    fake = BatcherStatus(batcher_id="fake", queued_requests=1_000_000, paused=True)
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=30) as http:
+        pipe = edges.redis.pipeline(transaction=False)
+        registry.advertise(
+            pipe, names.batchers_index, "fake", names.batcher_status("fake"), encode(fake), 30
+        )
+        await pipe.execute()
+        try:
+            r = await _poll_status(http, body, 503)
+            assert r.json()["error"]["code"] == "overloaded" and "retry-after" in r.headers
+        finally:
+            pipe = edges.redis.pipeline(transaction=False)
+            registry.withdraw(pipe, names.batchers_index, "fake", names.batcher_status("fake"))
+            await pipe.execute()
+        await _poll_status(http, body, 200)
+
+
+async def _poll_status(
+    http: httpx.AsyncClient, body: dict[str, object], want: int, within_s: float = 15
+) -> httpx.Response:
+    deadline = time.monotonic() + within_s
+    while True:
+        r = await http.post("/v1/completions", json=body, headers=auth(ACME))
+        if r.status_code == want or time.monotonic() > deadline:
+            assert r.status_code == want, r.text
+            return r
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("patch", "code"),
+    [
+        ({"model": "gpt-nope"}, "model_not_found"),
+        ({"max_tokens": -5}, None),
+        ({"max_tokens": 10_000}, None),
+        ({"prompt": "word " * 2100}, "context_length_exceeded"),
+        ({"prompt": "word " * 1000, "max_tokens": 1500}, "context_length_exceeded"),
+        ({"prompt": ""}, None),
+        ({"n": 3}, None),
+        ({"stop": ["x"] * 20}, None),
+        ({"temperature": "hot"}, None),
+    ],
+)
+async def test_bad_parameters_are_400(
+    edges: Edges, patch: dict[str, object], code: str | None
+) -> None:
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, **patch}
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=30) as http:
+        r = await http.post("/v1/completions", json=body, headers=auth(ACME))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"]
+    if code:
+        assert err["code"] == code
+
+
+async def test_malformed_and_oversized_bodies(edges: Edges) -> None:
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=30) as http:
+        for raw in (b"{not json", b"[]", b'"x"', b"", b'{"model": "tokenwire-tiny"}'):
+            r = await http.post(
+                "/v1/completions",
+                content=raw,
+                headers={**auth(ACME), "content-type": "application/json"},
+            )
+            assert r.status_code == 400, (raw, r.text)
+        big = {"model": MODEL, "prompt": "x" * 1_100_000}
+        r = await http.post("/v1/chat/completions", json=big, headers=auth(ACME))
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+        async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as read
+            for _ in range(40):
+                yield b"x" * 32_768
+
+        r = await http.post("/v1/completions", content=chunks(), headers=auth(ACME))
+        assert r.status_code == 413
+        bad_id = await http.get("/v1/requests/a b/stream", headers=auth(ACME))
+        assert bad_id.status_code == 400
+        bad_last = await http.get(
+            "/v1/requests/cmpl-x/stream", headers={**auth(ACME), "Last-Event-ID": "x"}
+        )
+        assert bad_last.status_code == 400
+
+
+async def test_schemathesis_finds_no_server_errors(edges: Edges) -> None:
+    """Fuzz every operation of the OpenAPI document (valid and invalid inputs) against a
+    live edge: no input may produce a 5xx."""
+    url = edges.url("fuzz")
+    args = [
+        "run",
+        f"{url}/openapi.json",
+        "--checks=not_a_server_error",
+        "--max-examples=40",
+        "--seed=7",
+        "--workers=2",
+        "--phases=examples,coverage,fuzzing",
+        "--request-timeout=20",
+        f"--header=Authorization: Bearer {ACME}",
+        "--suppress-health-check=all",
+        "--generation-database=none",
+        "--no-color",
+    ]
+    artifacts = ROOT / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    proc = await asyncio.create_subprocess_exec(
+        str(ROOT / ".venv/bin/schemathesis"),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=artifacts,  # where it keeps its own state
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 240)
+    report = out.decode(errors="replace")
+    (artifacts / "edge-schemathesis.txt").write_text(report)
+    assert proc.returncode == 0, report[-8000:]
