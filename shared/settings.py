@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.names import Names
 
@@ -58,6 +58,7 @@ class CommonSettings(EnvSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     topic_prefix: str = "tw"
     log_level: str = "INFO"
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0: off")
 
     @property
     def names(self) -> Names:

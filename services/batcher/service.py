@@ -27,6 +27,7 @@ from aiokafka.structs import ConsumerRecord
 
 from services.batcher.config import BatcherSettings
 from services.batcher.fair_queue import FairQueue, Queued
+from services.batcher.metrics import BatcherMetrics
 from services.batcher.routing import Router, WorkerView, partition_for
 from services.batcher.window import WindowPolicy
 from shared import registry, token_stream
@@ -42,6 +43,7 @@ from shared.messages import (
     WorkerHeartbeat,
     error_event,
 )
+from shared.metrics import serve_metrics
 from shared.names import Names
 from shared.prefix_hash import block_hashes
 
@@ -125,6 +127,7 @@ class BatcherService:
         self._status_at = 0.0
         self._paused = False
         self._stopping = asyncio.Event()
+        self.metrics = BatcherMetrics()
         self.batch_sizes: deque[int] = deque(maxlen=100_000)
         # Per request: arrival → dispatch decision (the window's share), and decision →
         # batch acknowledged by Kafka (the hand-off's share).
@@ -133,6 +136,7 @@ class BatcherService:
         self.dead_letters = 0
 
     async def run(self) -> None:
+        serve_metrics(self.metrics.registry, self.settings.metrics_port)
         await self.producer.start()
         self.consumer.subscribe([self.names.requests], listener=_Rebalance(self))
         await self.consumer.start()
@@ -279,6 +283,8 @@ class BatcherService:
                 notify.append(error_event(r.request_id, seq, r.reason, r.detail))
         await asyncio.gather(*sends)
         self.dead_letters += len(rejected)
+        for r in rejected:
+            self.metrics.dead_letters.labels(reason=r.reason).inc()
         if notify:
             with contextlib.suppress(Exception):  # e.g. an id whose stream already ended
                 await token_stream.publish_events(self.redis, self.names, notify)
@@ -335,12 +341,16 @@ class BatcherService:
             batch = Batch(batcher_id=self.settings.batcher_id, requests=[p.request for p in group])
             acks.append(await self.producer.send(self.names.batches, encode(batch), partition=part))
             self.batch_sizes.append(len(group))
+            self.metrics.batch_size.observe(len(group))
         await asyncio.gather(*acks)
         done = time.time()
         for q in items:
             self._unacked[q.item.tp].discard(q.item.offset)
             self.window_waits_ms.append((decided - q.enqueued_at) * 1000)
             self.handoff_ms.append((done - decided) * 1000)
+            self.metrics.window.observe(decided - q.enqueued_at)
+            self.metrics.handoff.observe(done - decided)
+            self.metrics.requests.labels(priority=q.item.request.priority.value).inc()
 
     async def _commit(self) -> None:
         """Commit, per partition, up to the first record not yet safely handed off."""
@@ -386,6 +396,19 @@ class BatcherService:
         if now - self._status_at < 0.25:
             return
         self._status_at = now
+        m = self.metrics
+        m.queue_depth.set(len(self.queue))
+        m.queue_tokens.set(self.queue.tokens)
+        m.paused.set(int(self._paused))
+        oldest = self.queue.oldest()
+        wait_ms = (now - oldest) * 1000 if oldest is not None else 0.0
+        m.window_ms.set(self.policy.window_ms(_saturation(self._workers), wait_ms))
+        m.lag.set(
+            sum(
+                max(0, (self.consumer.highwater(tp) or nxt) - nxt)
+                for tp, nxt in self._consumed.items()
+            )
+        )
         status = BatcherStatus(
             batcher_id=self.settings.batcher_id,
             queued_requests=len(self.queue),

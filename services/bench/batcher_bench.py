@@ -114,7 +114,7 @@ class Bench:
         ]
         rng.shuffle(reqs)
         stack, batcher = await self.cluster(
-            mode.value, mode, 2, TW_KV_BUDGET_TOKENS="4096", TW_MAX_RUNNING="8"
+            mode.value, mode, 2, TW_KV_BUDGET_TOKENS="3072", TW_MAX_RUNNING="8"
         )
         task = asyncio.create_task(batcher.run())
         producer = AIOKafkaProducer(bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"], acks="all")
@@ -166,7 +166,7 @@ async def measure(
     print(json.dumps(report["window"]))
     prefixes, per = (4, 4) if quick else (12, 12)
     for mode in (RoutingMode.AFFINITY, RoutingMode.ROUND_ROBIN):
-        report[mode.value] = await bench.routing(mode, prefixes, per, concurrency=16)
+        report[mode.value] = await bench.routing(mode, prefixes, per, concurrency=8)
         print(mode.value, json.dumps(report[mode.value]))
     a, r = report["affinity"], report["round_robin"]
     report["affinity_vs_round_robin"] = {

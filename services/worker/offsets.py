@@ -55,3 +55,6 @@ class OffsetTracker:
 
     def unfinished(self) -> int:
         return len(self._owner)
+
+    def unfinished_batches(self) -> int:
+        return sum(1 for batches in self._pending.values() for ids in batches.values() if ids)

@@ -28,6 +28,7 @@ from services.worker.config import WorkerSettings
 from services.worker.engine.engine import Engine, EngineRequest, StepOutput
 from services.worker.engine.sampler import SamplingConfig
 from services.worker.events import StreamState
+from services.worker.metrics import WorkerMetrics
 from services.worker.offsets import OffsetTracker
 from services.worker.runtime import EngineThread
 from shared import registry, token_stream
@@ -44,6 +45,7 @@ from shared.messages import (
     WorkerHeartbeat,
     error_event,
 )
+from shared.metrics import serve_metrics
 from shared.prompts import prompt_token_ids
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class WorkerService:
             session_timeout_ms=settings.session_timeout_ms,
         )
         self.offsets = OffsetTracker()
+        self.metrics = WorkerMetrics(settings.worker_id)
         self.streams: dict[str, StreamState] = {}
         self.partition_of: dict[str, int] = {}
         self.deferred: dict[str, tuple[int, int, GenerateRequest]] = {}  # claimed elsewhere
@@ -90,6 +93,7 @@ class WorkerService:
 
     async def run(self) -> None:
         """Serve until ``stop()``; then drain gracefully (see ``_shutdown``)."""
+        serve_metrics(self.metrics.registry, self.settings.metrics_port)
         self.thread = EngineThread(self.engine, asyncio.get_running_loop())
         self.thread.start()
         await self.producer.start()
@@ -248,6 +252,7 @@ class WorkerService:
         except Exception as exc:  # a template or tokenizer error is the request's problem
             await self._fail(req, "invalid_request", f"cannot tokenize the prompt: {exc}")
             return
+        self.metrics.started(req)
         self.streams[req.request_id] = StreamState(req, skip_upto=skip_upto)
         self.partition_of[req.request_id] = partition
         sp = req.sampling
@@ -337,6 +342,10 @@ class WorkerService:
         for res in await pipe.execute(raise_on_error=False):
             if isinstance(res, Exception):  # e.g. an event another worker logged first
                 log.warning("redis: %s", res)
+        for st, ev in pairs:
+            self.metrics.published(st.request, ev)
+            if ev.final:
+                log.info("finished: %s", ev.finish_reason, extra={"request_id": ev.request_id})
         sends = []
         for st, ev in finals:
             topic = st.request.reply.kafka_topic
@@ -381,10 +390,22 @@ class WorkerService:
                 pipe.pexpire(self.names.claim(rid), self._claim_ms)
             await pipe.execute()
             await self._retry_deferred()
+            self.metrics.refresh(st, await self._lag())
             self._nudge.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._nudge.wait(), s.heartbeat_interval_s)
             await asyncio.sleep(HEARTBEAT_MIN_GAP_S)
+
+    async def _lag(self) -> int:
+        """Batches on assigned partitions not yet fetched, plus those fetched but unfinished."""
+        unfetched = 0
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            if high is not None:
+                with contextlib.suppress(Exception):
+                    pos = await asyncio.wait_for(self.consumer.position(tp), 0.5)
+                    unfetched += max(0, high - pos)
+        return unfetched + self.offsets.unfinished_batches()
 
     async def _cancels(self) -> None:
         pubsub = self.redis.pubsub()

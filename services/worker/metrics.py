@@ -1,0 +1,92 @@
+"""The worker's Prometheus metrics (vLLM-style names under ``tw_``), in its own registry."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from services.worker.engine.engine import EngineStats
+from shared.messages import GenerateRequest, TokenEvent
+from shared.metrics import FAST_BUCKETS, LATENCY_BUCKETS
+
+
+class WorkerMetrics:
+    def __init__(self, worker_id: str) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        lbl = {"worker": worker_id}
+        self.ttft = Histogram(
+            "tw_time_to_first_token_seconds",
+            "request creation to its first token published",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "tw_inter_token_latency_seconds",
+            "time between successive token events of a request",
+            buckets=FAST_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "tw_e2e_request_latency_seconds",
+            "request creation to its final event",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "tw_request_queue_time_seconds",
+            "request creation to the worker starting it",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "tw_prompt_tokens", "prompt tokens of finished requests", registry=r
+        )
+        self.generation_tokens = Counter("tw_generation_tokens", "tokens generated", registry=r)
+        self.prefix_hit_tokens = Counter(
+            "tw_prefix_cache_hit_tokens", "prompt tokens served from the prefix cache", registry=r
+        )
+        self.finished = Counter("tw_requests_finished", "finished requests", ["reason"], registry=r)
+        self.preemptions = Counter(
+            "tw_preemptions", "sequences preempted for KV memory", registry=r
+        )
+        self.running = Gauge("tw_requests_running", "sequences running in the engine", registry=r)
+        self.waiting = Gauge("tw_requests_waiting", "sequences waiting in the engine", registry=r)
+        self.kv_usage = Gauge("tw_kv_cache_usage_ratio", "share of KV blocks in use", registry=r)
+        self.lag = Gauge(
+            "tw_worker_consumer_lag", "batches not yet committed on assigned partitions", registry=r
+        )
+        self.info = Gauge("tw_worker_info", "worker identity", list(lbl), registry=r)
+        self.info.labels(**lbl).set(1)
+        self._preempted_seen = 0
+        self._last_event: dict[str, float] = {}
+
+    def started(self, req: GenerateRequest) -> None:
+        self.queue_time.observe(max(0.0, time.time() - req.created_at))
+
+    def published(self, req: GenerateRequest, ev: TokenEvent) -> None:
+        now = time.time()
+        last = self._last_event.get(ev.request_id)
+        if ev.seq == 0 and not ev.error:
+            self.ttft.observe(max(0.0, now - req.created_at))
+        elif last is not None:
+            self.itl.observe(now - last)
+        self._last_event[ev.request_id] = now
+        self.generation_tokens.inc(len(ev.token_ids))
+        if ev.final:
+            self._last_event.pop(ev.request_id, None)
+            self.e2e.observe(max(0.0, now - req.created_at))
+            self.finished.labels(
+                reason=ev.finish_reason.value if ev.finish_reason else "error"
+            ).inc()
+            if ev.usage is not None:
+                self.prompt_tokens.inc(ev.usage.prompt_tokens)
+                self.prefix_hit_tokens.inc(ev.usage.cached_tokens)
+
+    def refresh(self, stats: EngineStats, lag: int) -> None:
+        self.running.set(stats.running)
+        self.waiting.set(stats.waiting)
+        self.kv_usage.set(stats.kv_used_blocks / max(1, stats.kv_blocks))
+        self.preemptions.inc(stats.preemptions - self._preempted_seen)
+        self._preempted_seen = stats.preemptions
+        self.lag.set(lag)
