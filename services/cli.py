@@ -13,15 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from shared.logs import setup_logging
 from shared.settings import CommonSettings, SettingsError
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format='{"t":"%(asctime)s","lvl":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}',
-        stream=sys.stderr,
-    )
 
 
 class _Service(Protocol):
@@ -59,7 +52,7 @@ def cmd_worker(_: argparse.Namespace) -> None:
     settings = WorkerSettings.from_env(
         model_dir=resolve_model_dir(os.environ.get("TW_MODEL_DIR", ""))
     )
-    _setup_logging(settings.log_level)
+    setup_logging("worker", settings.log_level)
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     model, tokenizer = load_model(settings.model_dir, settings.device, settings.dtype)
@@ -86,7 +79,7 @@ def cmd_batcher(_: argparse.Namespace) -> None:
     from services.batcher.service import BatcherService
 
     settings = BatcherSettings.from_env()
-    _setup_logging(settings.log_level)
+    setup_logging("batcher", settings.log_level)
     tokenizer = None
     if settings.model_dir:
         from transformers import AutoTokenizer
@@ -102,7 +95,7 @@ def cmd_edge(_: argparse.Namespace) -> None:
     from services.edge.config import EdgeSettings
 
     settings = EdgeSettings.from_env()
-    _setup_logging(settings.log_level)
+    setup_logging("edge", settings.log_level)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
 
 
