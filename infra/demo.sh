@@ -20,6 +20,8 @@ echo "> $prompt"
 .venv/bin/tokenwire ask --url "http://127.0.0.1:$TW_EDGE_PORT" "$prompt"
 echo
 echo "OpenAI-compatible API: http://127.0.0.1:$TW_EDGE_PORT/v1  (model: tokenwire-tiny)"
+echo "Development API key:   $(cat "$TW_RUN_DIR/dev-api-key")"
+echo "Chat page:             http://127.0.0.1:$TW_EDGE_PORT/chat"
 echo "Try:  .venv/bin/tokenwire ask --url http://127.0.0.1:$TW_EDGE_PORT \"Return the\""
 if [ "$detach" = 1 ]; then
   echo "Stop with: infra/demo.sh stop"

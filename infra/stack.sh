@@ -49,6 +49,19 @@ wait_ready() {
   return 1
 }
 
+dev_key() {
+  # A development API key (tenant "dev"), made once per stack and kept in its run folder;
+  # only its SHA-256 goes to Redis (the edge's key hash), so any edge of the stack knows it.
+  local file="$TW_RUN_DIR/dev-api-key" key digest
+  if [ ! -s "$file" ]; then
+    (umask 077; printf 'twk-dev-%s\n' "$(head -c 18 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')" >"$file")
+  fi
+  key=$(cat "$file")
+  digest=$(printf '%s' "$key" | sha256sum | cut -d' ' -f1)
+  redis-cli -p "$TW_REDIS_PORT" HSET "${TW_TOPIC_PREFIX:-tw}:apikeys" "$digest" dev >/dev/null
+  echo "$key"
+}
+
 case "${1:-}" in
   up)
     infra/kafka.sh start
@@ -57,6 +70,7 @@ case "${1:-}" in
     for s in "${SERVICES[@]}"; do start_service "$s"; done
     wait_ready
     echo "tokenwire ($TW_STACK) is serving at http://127.0.0.1:$TW_EDGE_PORT"
+    echo "development API key (tenant dev): $(dev_key)  (send 'Authorization: Bearer <key>'; TW_AUTH=required makes keys mandatory)"
     ;;
   down)
     for s in edge batcher worker; do stop_service "$s"; done
