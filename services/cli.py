@@ -176,6 +176,27 @@ def cmd_bench_batcher(args: argparse.Namespace) -> None:
     run(env, model_dir, Path(args.out) if args.out else None, quick=args.quick)
 
 
+def cmd_bulk_submit(args: argparse.Namespace) -> None:
+    from services.bulk.runner import submit_file
+
+    settings = CommonSettings.from_env()
+    setup_logging("bulk", "WARNING")
+    stats = asyncio.run(
+        submit_file(
+            settings,
+            Path(args.input),
+            Path(args.output),
+            tenant=args.tenant,
+            max_in_flight=args.max_in_flight,
+            progress=not args.quiet,
+        )
+    )
+    print(
+        f"{stats.written} results written ({stats.errors} errors), "
+        f"{stats.skipped} already in {args.output}, {stats.total} lines"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -215,6 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--quick", action="store_true")
     bb.add_argument("--out", default="reports/bench_batcher.json")
     bb.set_defaults(fn=cmd_bench_batcher)
+    bulk = sub.add_parser("bulk", help="OpenAI batch files through Kafka at bulk priority")
+    bulk_sub = bulk.add_subparsers(dest="bulk", required=True)
+    bs = bulk_sub.add_parser("submit", help="run IN.jsonl, append results to OUT.jsonl (resumable)")
+    bs.add_argument("input")
+    bs.add_argument("output")
+    bs.add_argument("--tenant", default="bulk")
+    bs.add_argument("--max-in-flight", type=int, default=256)
+    bs.add_argument("--quiet", action="store_true")
+    bs.set_defaults(fn=cmd_bulk_submit)
     a = sub.add_parser("ask", help="stream a completion from an edge and print it")
     a.add_argument("prompt")
     a.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('TW_EDGE_PORT', '8000')}")

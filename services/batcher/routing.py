@@ -48,8 +48,9 @@ class WorkerView:
         return self.hb.worker_id
 
 
-def _rendezvous(key: int, workers: Sequence[WorkerView]) -> WorkerView:
-    return max(workers, key=lambda w: zlib.crc32(f"{key}:{w.worker_id}".encode()))
+def _score(key: int, w: WorkerView) -> int:
+    """Rendezvous (highest-random-weight) hashing: stable as workers come and go."""
+    return zlib.crc32(f"{key}:{w.worker_id}".encode())
 
 
 def least_loaded(workers: Sequence[WorkerView]) -> WorkerView:
@@ -76,13 +77,15 @@ class Router:
             self._rr += 1
             return open_[self._rr % len(open_)]
         if self.mode is RoutingMode.AFFINITY and hashes:
-            for h in reversed(hashes):
-                holders = [w for w in workers if h in w.hashes and self.acceptable(w, workers)]
-                if holders:
-                    return least_loaded(holders)
-            home = _rendezvous(hashes[0], workers)
-            if self.acceptable(home, workers):
-                return home
+            # Workers in the prefix's rendezvous order: the home first, so a copy that
+            # spilled to another worker does not pull the prefix's traffic after it.
+            ranked = sorted(workers, key=lambda w: _score(hashes[0], w), reverse=True)
+            for h in reversed(hashes):  # the deepest cached block wins
+                for w in ranked:
+                    if h in w.hashes and self.acceptable(w, workers):
+                        return w
+            if self.acceptable(ranked[0], workers):
+                return ranked[0]
         return least_loaded(workers)
 
 

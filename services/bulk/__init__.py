@@ -1,0 +1,1 @@
+"""Bulk generation: OpenAI batch files through Kafka at bulk priority (``tokenwire bulk``)."""

@@ -1,0 +1,94 @@
+"""A plain Python producer for backend services: publish requests to Kafka, read finished
+results from the completions topic (or follow a request's token stream in Redis).
+
+    async with Producer(CommonSettings.from_env()) as p:
+        rid = await p.submit(GenerateRequest(prompt="Hello", reply=ReplyTarget(kafka_topic=...)))
+        async for c in p.completions({rid}):
+            print(c.text)
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Collection
+from types import TracebackType
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from shared.codec import DecodeError, decode, encode
+from shared.kafka_io import make_producer
+from shared.messages import Completion, GenerateRequest
+from shared.settings import CommonSettings
+
+
+class Producer:
+    """Publishes ``GenerateRequest`` records (keyed by request id, acks=all) and reads
+    ``Completion`` records addressed to it."""
+
+    def __init__(self, settings: CommonSettings, *, client_id: str = "tw-producer") -> None:
+        self.settings = settings
+        self.names = settings.names
+        self._client_id = client_id
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> Producer:
+        self._producer = make_producer(self.settings, client_id=self._client_id, linger_ms=5)
+        await self._producer.start()
+        # Subscribe before publishing: completions that arrive early are not missed.
+        self._consumer = AIOKafkaConsumer(
+            self.names.completions,
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            group_id=f"{self._client_id}-{uuid.uuid4().hex[:8]}",
+            auto_offset_reset="latest",
+            enable_auto_commit=False,
+        )
+        await self._consumer.start()
+        await self._consumer.seek_to_end()
+        return self
+
+    async def __aexit__(self, *exc: object | type[BaseException] | TracebackType | None) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def submit(self, req: GenerateRequest) -> str:
+        """Publish one request (its seed fixed now) once Kafka has it durably; returns its id."""
+        assert self._producer is not None, "use `async with Producer(...)`"
+        req = req.with_seed()
+        if req.reply.kafka_topic is None:
+            req = req.model_copy(
+                update={
+                    "reply": req.reply.model_copy(update={"kafka_topic": self.names.completions})
+                }
+            )
+        await self._producer.send_and_wait(
+            self.names.requests, encode(req), key=req.request_id.encode()
+        )
+        return req.request_id
+
+    async def completions(
+        self, request_ids: Collection[str] | None = None, *, timeout_s: float | None = None
+    ) -> AsyncIterator[Completion]:
+        """Completions of ``request_ids`` (all, if None) as they arrive; with ids, stops once
+        each was seen. Raises ``TimeoutError`` after ``timeout_s`` without progress."""
+        assert self._consumer is not None, "use `async with Producer(...)`"
+        want = set(request_ids) if request_ids is not None else None
+        last = time.monotonic()
+        while want is None or want:
+            batch = await self._consumer.getmany(timeout_ms=200)
+            for msgs in batch.values():
+                for m in msgs:
+                    try:
+                        c = decode(Completion, m.value)
+                    except DecodeError:
+                        continue
+                    if want is None or c.request_id in want:
+                        last = time.monotonic()
+                        if want is not None:
+                            want.discard(c.request_id)
+                        yield c
+            if timeout_s is not None and time.monotonic() - last > timeout_s:
+                raise TimeoutError(f"no completion in {timeout_s}s; {len(want or ())} outstanding")
