@@ -24,6 +24,7 @@ class BatcherSettings(CommonSettings):
     )
     block_size: int = Field(16, ge=1, description="must match the workers' KV block size")
     model_dir: str = Field("", description="tokenizer for prefix-affinity routing (optional)")
+    interactive_reserve: int = Field(2, ge=0, description="slots per worker bulk never takes")
     fair_quantum_tokens: int = Field(64, ge=1, description="DRR credit per turn")
     max_queued_requests: int = Field(10_000, ge=1, description="pause consumption above this")
     max_queued_tokens: int = Field(4_000_000, ge=1)

@@ -49,12 +49,18 @@ class FairQueue(Generic[T]):
         heads = [d[0].enqueued_at for c in self._classes for d in c.values() if d]
         return min(heads) if heads else None
 
-    def pop(self, max_items: int, max_tokens: int | None = None) -> list[Queued[T]]:
-        """Up to ``max_items`` requests (and about ``max_tokens`` tokens) in fair order."""
+    def pop(
+        self, max_items: int, max_tokens: int | None = None, max_bulk: int | None = None
+    ) -> list[Queued[T]]:
+        """Up to ``max_items`` requests (and about ``max_tokens`` tokens) in fair order, of
+        which at most ``max_bulk`` from the classes after the first."""
         out: list[Queued[T]] = []
         budget = max_tokens
         for prio, tenants in enumerate(self._classes):
-            while tenants and len(out) < max_items:
+            limit = (
+                max_items if prio == 0 or max_bulk is None else min(max_items, len(out) + max_bulk)
+            )
+            while tenants and len(out) < limit:
                 tenant = next(iter(tenants))
                 dq, key = tenants[tenant], (prio, tenant)
                 head = dq[0]

@@ -319,7 +319,11 @@ class BatcherService:
         """Take what the workers have room for and send one batch per target partition."""
         decided = time.time()
         room = sum(max(0, w.free_slots) for w in workers) if workers else self.policy.max_requests
-        items = self.queue.pop(min(self.policy.max_requests, room))
+        # Bulk fills spare capacity only: it leaves `interactive_reserve` slots per worker
+        # free, so a chat request never waits behind a bulk backlog for a slot.
+        reserve = self.settings.interactive_reserve
+        bulk_room = sum(max(0, w.free_slots - reserve) for w in workers) if workers else room
+        items = self.queue.pop(min(self.policy.max_requests, room), max_bulk=bulk_room)
         log.debug(
             "dispatch %d of %d queued (room %s)", len(items), len(self.queue) + len(items), room
         )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from services.bench.cluster import Stack, StreamRecorder, free_port, make_stack
+from services.bench.cluster import ROOT, Stack, StreamRecorder, free_port, make_stack
 
 
 async def produce(
@@ -44,4 +44,4 @@ async def read_topic(
     return values
 
 
-__all__ = ["Stack", "StreamRecorder", "free_port", "make_stack", "produce", "read_topic"]
+__all__ = ["ROOT", "Stack", "StreamRecorder", "free_port", "make_stack", "produce", "read_topic"]

@@ -293,3 +293,14 @@ def _check_pop(fq: FairQueue[str], got: list[Queued[str]], before: int, op: Pop)
     assert prios == sorted(prios)
     if BULK in prios:
         assert all(x.priority == BULK for x in fq)  # no interactive request was left waiting
+
+
+def test_bulk_takes_only_the_spare_room_it_is_given() -> None:
+    fq: FairQueue[str] = FairQueue(quantum=100)
+    for i in range(5):
+        fq.push(q(f"b{i}", "t", prio=1))
+    fq.push(q("i0", "t", prio=0))
+    taken = fq.pop(4, max_bulk=2)
+    assert names(taken) == ["i0", "b0", "b1"]
+    assert names(fq.pop(4, max_bulk=0)) == []
+    assert names(fq.pop(4)) == ["b2", "b3", "b4"]

@@ -1,0 +1,156 @@
+"""Bulk generation through the real stack: 2,000 OpenAI batch lines, the client killed
+halfway and resumed; chat requests during the run keep their time to first token."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from shared.codec import encode
+from shared.messages import GenerateRequest, SamplingParams
+from tests.conftest import new_prefix
+from tests.integration.harness import ROOT, Stack, StreamRecorder, make_stack, produce
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ARTIFACTS = ROOT / "artifacts"
+LINES = 2000
+
+
+@pytest.fixture
+async def stack(infra: dict[str, str], model_dir: str) -> AsyncIterator[Stack]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    stk = make_stack(new_prefix("bulk"), infra, model_dir, ARTIFACTS)
+    await stk.create_topics(partitions=2)
+    stk.start("worker", TW_MAX_RUNNING="16", TW_TORCH_THREADS="2")
+    stk.start("batcher")
+    await stk.wait_ready()
+    try:
+        yield stk
+    finally:
+        stk.stop_all()
+
+
+def write_input(path: Path) -> set[str]:
+    ids = set()
+    with path.open("wb") as fh:
+        for i in range(LINES):
+            cid = f"job-{i:05d}"
+            ids.add(cid)
+            if i % 100 == 7:  # bad lines become error lines, never a crash
+                fh.write(
+                    orjson.dumps(
+                        {"custom_id": cid, "url": "/v1/completions", "body": {"model": "m"}}
+                    )
+                    + b"\n"
+                )
+            elif i % 2:
+                body = {
+                    "model": "tokenwire-tiny",
+                    "prompt": f"Item {i}: the function",
+                    "max_tokens": 3,
+                }
+                fh.write(
+                    orjson.dumps(
+                        {"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": body}
+                    )
+                    + b"\n"
+                )
+            else:
+                msgs = [{"role": "user", "content": f"What is item {i}?"}]
+                body = {"model": "tokenwire-tiny", "messages": msgs, "max_tokens": 3}
+                fh.write(
+                    orjson.dumps({"custom_id": cid, "url": "/v1/chat/completions", "body": body})
+                    + b"\n"
+                )
+    return ids
+
+
+def bulk(stack: Stack, src: Path, out: Path) -> subprocess.Popen[bytes]:
+    log = open(ARTIFACTS / f"{stack.prefix}-bulk.log", "ab")
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "bulk",
+        "submit",
+        str(src),
+        str(out),
+        "--quiet",
+        "--max-in-flight",
+        "64",
+    ]
+    return subprocess.Popen(cmd, env=stack.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def count_lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+async def chat_ttft(stack: Stack, rec: StreamRecorder, n: int) -> list[float]:
+    """TTFT (ms) of ``n`` interactive requests sent one after another."""
+    out = []
+    for i in range(n):
+        req = GenerateRequest(
+            prompt=f"Chat {i}: return the", sampling=SamplingParams(max_tokens=2, temperature=0)
+        )
+        t0 = time.time()
+        await produce(stack.env["TW_KAFKA_BOOTSTRAP"], stack.names.requests, [encode(req)])
+        await rec.wait_finished({req.request_id}, within_s=60, stack=stack)
+        out.append((rec.first_at[req.request_id] - t0) * 1000)
+    return out
+
+
+async def wait_lines(path: Path, n: int, proc: subprocess.Popen[bytes], within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while count_lines(path) < n:
+        assert proc.poll() is None or count_lines(path) >= n, "bulk exited early"
+        assert time.monotonic() < deadline, f"only {count_lines(path)} lines"
+        await asyncio.sleep(0.1)
+
+
+async def test_bulk_file_killed_and_resumed_gives_one_result_per_line(
+    stack: Stack, tmp_path: Path
+) -> None:
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = write_input(src)
+    async with StreamRecorder(stack.env["TW_REDIS_URL"], stack.names) as rec:
+        await chat_ttft(stack, rec, 3)  # warm-up
+        idle = await chat_ttft(stack, rec, 8)
+        first = bulk(stack, src, out)
+        await wait_lines(out, 300, first, 180)
+        busy = await chat_ttft(stack, rec, 8)
+        await wait_lines(out, LINES // 2, first, 180)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    halfway = count_lines(out)
+    assert halfway < LINES
+    second = bulk(stack, src, out)
+    assert await asyncio.to_thread(second.wait, 300) == 0
+    rows = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert len(rows) == LINES
+    assert {r["custom_id"] for r in rows} == ids
+    for r in rows:
+        n = int(r["custom_id"].split("-")[1])
+        if n % 100 == 7:
+            assert r["response"] is None and r["error"]["code"] == "invalid_request"
+        else:
+            assert r["error"] is None and r["response"]["status_code"] == 200
+            body = r["response"]["body"]
+            assert body["usage"]["completion_tokens"] >= 1
+            assert body["object"] == ("text_completion" if n % 2 else "chat.completion")
+    # Chat latency during the bulk run, against the idle system measured in this run.
+    ratio = statistics.median(busy) / statistics.median(idle)
+    print(
+        f"chat TTFT p50 idle {statistics.median(idle):.1f} ms, during bulk {statistics.median(busy):.1f} ms"
+    )
+    assert ratio <= 2.0, (idle, busy)
