@@ -197,6 +197,19 @@ def cmd_bulk_submit(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_bench_e2e(args: argparse.Namespace) -> None:
+    from services.bench.e2e_bench import QUICK, E2EConfig, run
+
+    env = {**os.environ}
+    env.setdefault("TW_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
+    env.setdefault("TW_REDIS_URL", "redis://127.0.0.1:16379/0")
+    model_dir = args.model_dir or resolve_model_dir("", args.preset)
+    cfg = QUICK if args.quick else E2EConfig()
+    if args.concurrency:
+        cfg.concurrencies = tuple(int(c) for c in args.concurrency.split(","))
+    run(env, model_dir, f"tokenwire-{args.preset}", cfg, Path(args.out))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -245,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--max-in-flight", type=int, default=256)
     bs.add_argument("--quiet", action="store_true")
     bs.set_defaults(fn=cmd_bulk_submit)
+    e2e = bsub.add_parser("e2e", help="the whole pipeline under load vs engine-alone and generate")
+    e2e.add_argument("--preset", default="small")
+    e2e.add_argument("--model-dir", default="")
+    e2e.add_argument("--concurrency", default="", help="e.g. 1,8,32")
+    e2e.add_argument("--quick", action="store_true", help="a smoke configuration (CI)")
+    e2e.add_argument("--out", default="reports/e2e")
+    e2e.set_defaults(fn=cmd_bench_e2e)
     a = sub.add_parser("ask", help="stream a completion from an edge and print it")
     a.add_argument("prompt")
     a.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('TW_EDGE_PORT', '8000')}")

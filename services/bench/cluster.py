@@ -44,6 +44,7 @@ class Stack:
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     edge_ports: dict[str, int] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # worker/batcher /metrics
 
     @property
     def names(self) -> Names:
@@ -52,6 +53,10 @@ class Stack:
     @property
     def settings(self) -> CommonSettings:
         return CommonSettings.from_env(self.env)
+
+    def auth_headers(self) -> dict[str, str]:
+        key = self.env.get("TW_BENCH_API_KEY")
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def url(self, edge: str = "edge") -> str:
         return f"http://127.0.0.1:{self.edge_ports[edge]}"
@@ -74,6 +79,9 @@ class Stack:
             self.edge_ports[name] = port
         if kind == "worker":
             env.setdefault("TW_WORKER_ID", f"{self.prefix}-{name}")
+        if kind in ("worker", "batcher"):
+            env["TW_METRICS_PORT"] = str(free_port())
+            self.metrics_ports[name] = int(env["TW_METRICS_PORT"])
         log = open(self.log_dir / f"{self.prefix}-{name}.log", "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "services.cli", kind],
@@ -164,6 +172,7 @@ class StreamRecorder:
         self.names = names
         self.raw: dict[str, list[TokenEvent]] = {}
         self.first_at: dict[str, float] = {}  # wall time the first event arrived
+        self.last_at: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> StreamRecorder:
@@ -186,6 +195,7 @@ class StreamRecorder:
                     ev = decode(TokenEvent, msg["data"])
                     self.raw.setdefault(ev.request_id, []).append(ev)
                     self.first_at.setdefault(ev.request_id, time.time())
+                    self.last_at[ev.request_id] = time.time()
         finally:
             await pubsub.aclose()
 

@@ -1,0 +1,428 @@
+"""``tokenwire bench e2e``: the whole pipeline under load, against same-run baselines.
+
+A local cluster (edge, batcher, worker on one model) is driven closed-loop (N concurrent
+clients over HTTP SSE through the edge) and open-loop (Poisson arrivals published straight
+to Kafka). The workload mixes shared system prompts, prompt and output lengths, and
+interactive/bulk priorities. Reported: TTFT, inter-token and end-to-end latency
+p50/p95/p99, tokens/s and requests/s, batch sizes, prefix-cache hit rate, and the time each
+stage adds (Kafka + batcher, engine, Redis relay) from the services' own metrics. Baselines
+in the same run: the engine alone in-process at the same concurrency, and Hugging Face
+``generate`` one request at a time. Writes ``report.json`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from aiokafka import AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.bench.cluster import Stack, StreamRecorder, make_stack
+from shared.codec import encode
+from shared.messages import GenerateRequest, Priority, SamplingParams
+
+WORDS = (
+    "return the value of each key in the mapping when it is not none and raise an error if the "
+    "argument is a list of strings or a path to a file that does not exist yet while the module "
+    "keeps a cache of results for later calls"
+).split()
+
+
+@dataclass
+class Workload:
+    shared_prefix_share: float = 0.5  # share of requests that start with a shared system prompt
+    system_prompts: int = 4
+    system_words: int = 120
+    prompt_words: tuple[int, int] = (8, 64)
+    output_tokens: tuple[int, int] = (16, 64)
+    bulk_share: float = 0.1
+    seed: int = 0
+
+
+@dataclass
+class E2EConfig:
+    concurrencies: tuple[int, ...] = (1, 8, 32)
+    requests_per_level: int = 64
+    rates: tuple[float, ...] = (2.0, 8.0)  # open loop, requests/s
+    open_seconds: float = 8.0
+    workload: Workload = field(default_factory=Workload)
+    baseline_serial_requests: int = 2
+
+
+class Mix:
+    """Draws requests from the workload (deterministic for a seed)."""
+
+    def __init__(self, w: Workload) -> None:
+        self.w = w
+        self.rng = random.Random(w.seed)
+        self.systems = [
+            " ".join(self.rng.choices(WORDS, k=w.system_words)) for _ in range(w.system_prompts)
+        ]
+
+    def body(self) -> dict[str, Any]:
+        words = " ".join(self.rng.choices(WORDS, k=self.rng.randint(*self.w.prompt_words)))
+        if self.rng.random() < self.w.shared_prefix_share:
+            words = self.rng.choice(self.systems) + "\n" + words
+        return {
+            "prompt": words,
+            "max_tokens": self.rng.randint(*self.w.output_tokens),
+            "temperature": 0,
+            "ignore_eos": True,
+            "priority": "bulk" if self.rng.random() < self.w.bulk_share else "interactive",
+        }
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50": pct(values, 0.5), "p95": pct(values, 0.95), "p99": pct(values, 0.99)}
+
+
+@dataclass
+class Sample:
+    ttft: float
+    itl: list[float]
+    e2e: float
+    tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+
+
+async def sse_request(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Sample:
+    t0 = time.perf_counter()
+    first = last = 0.0
+    itl: list[float] = []
+    tokens = prompt = cached = 0
+    async with client.stream(
+        "POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    ) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[6:])
+            now = time.perf_counter()
+            if chunk.get("usage"):
+                u = chunk["usage"]
+                tokens, prompt = u["completion_tokens"], u["prompt_tokens"]
+                cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            if not chunk.get("choices"):
+                continue
+            if first == 0.0:
+                first = now
+            else:
+                itl.append(now - last)
+            last = now
+    return Sample(first - t0, itl, last - t0, tokens, prompt, cached)
+
+
+async def closed_loop(
+    stack: Stack, mix: Mix, concurrency: int, n: int, model: str
+) -> dict[str, Any]:
+    url = stack.url() + "/v1/completions"
+    bodies = [{**mix.body(), "model": model} for _ in range(n)]
+    samples: list[Sample] = []
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(
+        timeout=300, limits=limits, headers=stack.auth_headers()
+    ) as client:
+        queue = list(bodies)
+
+        async def client_loop() -> None:
+            while queue:
+                samples.append(await sse_request(client, url, queue.pop()))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return _stats(samples, wall) | {"concurrency": concurrency}
+
+
+def _stats(samples: list[Sample], wall: float) -> dict[str, Any]:
+    toks = sum(s.tokens for s in samples)
+    prompt = sum(s.prompt_tokens for s in samples)
+    return {
+        "requests": len(samples),
+        "ttft_ms": {k: v * 1000 for k, v in summary([s.ttft for s in samples]).items()},
+        "itl_ms": {k: v * 1000 for k, v in summary([x for s in samples for x in s.itl]).items()},
+        "e2e_ms": {k: v * 1000 for k, v in summary([s.e2e for s in samples]).items()},
+        "tok_s": toks / wall,
+        "req_s": len(samples) / wall,
+        "prefix_hit_rate": sum(s.cached_tokens for s in samples) / max(1, prompt),
+        "ttft_cdf_ms": sorted(s.ttft * 1000 for s in samples),
+    }
+
+
+async def open_loop(stack: Stack, mix: Mix, rate: float, seconds: float) -> dict[str, Any]:
+    """Poisson arrivals published straight to Kafka (as backend producers do)."""
+    rng = random.Random(int(rate * 1000))
+    producer = AIOKafkaProducer(
+        bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"], acks="all", linger_ms=0
+    )
+    await producer.start()
+    sent: dict[str, float] = {}
+    try:
+        async with StreamRecorder(stack.env["TW_REDIS_URL"], stack.names) as rec:
+            t_end = time.time() + seconds
+            while time.time() < t_end:
+                b = mix.body()
+                req = GenerateRequest(
+                    prompt=b["prompt"],
+                    priority=Priority(b["priority"]),
+                    sampling=SamplingParams(
+                        max_tokens=b["max_tokens"], temperature=0, ignore_eos=True
+                    ),
+                )
+                sent[req.request_id] = time.time()
+                await producer.send_and_wait(
+                    stack.names.requests, encode(req), key=req.request_id.encode()
+                )
+                await asyncio.sleep(rng.expovariate(rate))
+            await rec.wait_finished(set(sent), within_s=300, stack=stack)
+            ttft = [rec.first_at[r] - t for r, t in sent.items()]
+            e2e = [rec.last_at[r] - t for r, t in sent.items()]
+    finally:
+        await producer.stop()
+    return {
+        "rate": rate,
+        "requests": len(sent),
+        "ttft_ms": {k: v * 1000 for k, v in summary(ttft).items()},
+        "e2e_ms": {k: v * 1000 for k, v in summary(e2e).items()},
+    }
+
+
+async def scrape(url: str) -> dict[str, float]:
+    """Prometheus samples of one /metrics page, name{labels} → value."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(url)).text
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name + (
+                "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
+                if s.labels
+                else ""
+            )
+            out[key] = s.value
+    return out
+
+
+def _mean(m: dict[str, float], name: str) -> float | None:
+    count = m.get(f"{name}_count", 0.0)
+    return m[f"{name}_sum"] / count if count else None
+
+
+async def stage_times(stack: Stack) -> dict[str, Any]:
+    """Mean time each stage adds, from the services' own histograms."""
+    w = await scrape(f"http://127.0.0.1:{stack.metrics_ports['worker']}/metrics")
+    b = await scrape(f"http://127.0.0.1:{stack.metrics_ports['batcher']}/metrics")
+    e = await scrape(stack.url() + "/metrics")
+    queue = _mean(w, "tw_request_queue_time_seconds")
+    worker_ttft = _mean(w, "tw_time_to_first_token_seconds")
+    edge_ttft = _mean(e, "tw_edge_first_event_seconds")
+    sizes = {
+        k.split("le=")[1].rstrip("}"): v
+        for k, v in b.items()
+        if k.startswith("tw_batcher_batch_size_bucket")
+    }
+    ms = lambda x: None if x is None else x * 1000  # noqa: E731
+    return {
+        "kafka_and_batcher_ms": ms(queue),
+        "batcher_window_ms": ms(_mean(b, "tw_batcher_window_seconds")),
+        "engine_to_first_token_ms": ms(worker_ttft - queue if worker_ttft and queue else None),
+        "redis_relay_ms": ms(edge_ttft - worker_ttft if edge_ttft and worker_ttft else None),
+        "batch_size_cumulative": sizes,
+        "mean_batch_size": _mean(b, "tw_batcher_batch_size"),
+    }
+
+
+def baselines(
+    model_dir: str, mix: Mix, concurrencies: tuple[int, ...], n: int, serial: int
+) -> dict[str, Any]:
+    """The engine alone (no Kafka, Redis or HTTP) at each concurrency, and ``generate`` one at a time."""
+    from services.bench.engine_bench import engine_run, hf_serial
+    from services.worker.engine.engine import EngineConfig
+    from services.worker.loader import load_model
+
+    model, tok = load_model(model_dir)
+    bodies = [mix.body() for _ in range(n)]
+    prompts = [tok(b["prompt"])["input_ids"] for b in bodies]
+    new = round(statistics.fmean(b["max_tokens"] for b in bodies))
+    out: dict[str, Any] = {"serial_generate_tok_s": hf_serial(model, prompts[:serial], new)}
+    for c in concurrencies:
+        cfg = EngineConfig(kv_budget_tokens=65_536, max_running=64)
+        tps = []
+        for i in range(0, len(prompts), c):  # closed loop ≈ waves of c requests
+            t, _ = engine_run(model, tok, prompts[i : i + c], new, cfg)
+            tps.append(t)
+        out[f"engine_alone_tok_s_c{c}"] = statistics.fmean(tps)
+    return out
+
+
+def plot(report: dict[str, Any], folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    rows = report["closed_loop"]
+    cs = [r["concurrency"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(cs, [r["tok_s"] for r in rows], "o-", label="tokenwire pipeline")
+    ax.plot(
+        cs,
+        [report["baselines"][f"engine_alone_tok_s_c{c}"] for c in cs],
+        "s--",
+        label="engine alone",
+    )
+    ax.axhline(
+        report["baselines"]["serial_generate_tok_s"],
+        color="gray",
+        ls=":",
+        label="HF generate, one at a time",
+    )
+    ax.set(
+        xlabel="concurrent streams",
+        ylabel="tokens/s",
+        title="Throughput vs concurrency",
+        xscale="log",
+    )
+    ax.legend()
+    paths.append(folder / "throughput_vs_concurrency.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        cdf = r["ttft_cdf_ms"]
+        ax.plot(
+            cdf, [(i + 1) / len(cdf) for i in range(len(cdf))], label=f"{r['concurrency']} streams"
+        )
+    ax.set(
+        xlabel="TTFT (ms)",
+        ylabel="share of requests",
+        title="Time to first token (CDF)",
+        xscale="log",
+    )
+    ax.legend()
+    paths.append(folder / "ttft_cdf.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ol = report["open_loop"]
+    for q in ("p50", "p95", "p99"):
+        ax.plot(
+            [r["rate"] for r in ol], [r["e2e_ms"][q] for r in ol], "o-", label=f"end-to-end {q}"
+        )
+    ax.plot([r["rate"] for r in ol], [r["ttft_ms"]["p50"] for r in ol], "s--", label="TTFT p50")
+    ax.set(
+        xlabel="offered load (requests/s, Poisson)",
+        ylabel="latency (ms)",
+        title="Latency vs offered load",
+    )
+    ax.legend()
+    paths.append(folder / "latency_vs_load.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    plt.close("all")
+    return paths
+
+
+async def measure(
+    env: dict[str, str], model_dir: str, model_name: str, cfg: E2EConfig, log_dir: Path
+) -> dict[str, Any]:
+    stack = make_stack(f"e2e-{uuid.uuid4().hex[:6]}", env, model_dir, log_dir)
+    stack.env.update(
+        TW_MODEL_NAME=model_name,
+        TW_TORCH_THREADS="0",
+        TW_RATE_REQUESTS_PER_MIN="0",
+        TW_RATE_TOKENS_PER_MIN="0",
+    )
+    await stack.create_topics(partitions=4)
+    stack.start("worker")
+    stack.start("batcher")
+    stack.start("edge")
+    report: dict[str, Any] = {"model": model_dir, "config": asdict(cfg)}
+    try:
+        await stack.wait_ready()
+        mix = Mix(cfg.workload)
+        await closed_loop(stack, mix, 2, 4, model_name)  # warm-up
+        report["closed_loop"] = []
+        for c in cfg.concurrencies:
+            row = await closed_loop(stack, mix, c, max(cfg.requests_per_level, c), model_name)
+            report["closed_loop"].append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "ttft_cdf_ms"}))
+        report["open_loop"] = [await open_loop(stack, mix, r, cfg.open_seconds) for r in cfg.rates]
+        for r in report["open_loop"]:
+            print(json.dumps(r))
+        report["stages"] = await stage_times(stack)
+        print(json.dumps(report["stages"]))
+    finally:
+        stack.stop_all()
+    return report
+
+
+QUICK = E2EConfig(
+    concurrencies=(1, 4),
+    requests_per_level=8,
+    rates=(4.0,),
+    open_seconds=2.0,
+    workload=Workload(system_words=40, prompt_words=(4, 16), output_tokens=(4, 8)),
+    baseline_serial_requests=1,
+)
+
+
+def run(
+    env: dict[str, str], model_dir: str, model_name: str, cfg: E2EConfig, folder: Path
+) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    report = asyncio.run(measure(env, model_dir, model_name, cfg, folder))
+    max_c = max(cfg.concurrencies)
+    report["baselines"] = baselines(
+        model_dir,
+        Mix(cfg.workload),
+        cfg.concurrencies,
+        max(cfg.requests_per_level, max_c),
+        cfg.baseline_serial_requests,
+    )
+    top = next(r for r in report["closed_loop"] if r["concurrency"] == max_c)
+    base = report["baselines"]
+    report["ratios"] = {
+        "pipeline_vs_engine_alone": top["tok_s"] / base[f"engine_alone_tok_s_c{max_c}"],
+        "pipeline_vs_serial_generate": top["tok_s"] / base["serial_generate_tok_s"],
+    }
+    report["plots"] = [str(p) for p in plot(report, folder)]
+    (folder / "report.json").write_text(json.dumps(report, indent=2))
+    print_table(report)
+    return report
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(
+        "\n| streams | tok/s | req/s | TTFT p50/p95/p99 ms | ITL p50/p99 ms | e2e p50/p99 ms | prefix hits |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in report["closed_loop"]:
+        t, i, e = r["ttft_ms"], r["itl_ms"], r["e2e_ms"]
+        print(
+            f"| {r['concurrency']} | {r['tok_s']:.0f} | {r['req_s']:.1f} | {t['p50']:.0f} / {t['p95']:.0f} / {t['p99']:.0f} | "
+            f"{i['p50']:.1f} / {i['p99']:.1f} | {e['p50']:.0f} / {e['p99']:.0f} | {r['prefix_hit_rate']:.0%} |"
+        )
+    ra, b, s = report["ratios"], report["baselines"], report["stages"]
+    print(
+        f"\npipeline at {max(report['config']['concurrencies'])} streams: {ra['pipeline_vs_engine_alone']:.0%} of the engine alone, "
+        f"{ra['pipeline_vs_serial_generate']:.1f}x HF generate one at a time ({b['serial_generate_tok_s']:.0f} tok/s)"
+    )
+    print(
+        f"stages (mean): {json.dumps({k: v for k, v in s.items() if k != 'batch_size_cumulative'})}"
+    )
