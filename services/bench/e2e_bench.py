@@ -252,24 +252,43 @@ async def stage_times(stack: Stack) -> dict[str, Any]:
 def baselines(
     model_dir: str, mix: Mix, concurrencies: tuple[int, ...], n: int, serial: int
 ) -> dict[str, Any]:
-    """The engine alone (no Kafka, Redis or HTTP) at each concurrency, and ``generate`` one at a time."""
-    from services.bench.engine_bench import engine_run, hf_serial
-    from services.worker.engine.engine import EngineConfig
+    """The engine alone (no Kafka, Redis or HTTP) driven closed-loop like the pipeline, on
+    the same request mix, and ``generate`` one request at a time."""
+    from services.bench.engine_bench import hf_serial
+    from services.worker.engine.engine import Engine, EngineConfig
     from services.worker.loader import load_model
 
     model, tok = load_model(model_dir)
     bodies = [mix.body() for _ in range(n)]
-    prompts = [tok(b["prompt"])["input_ids"] for b in bodies]
-    new = round(statistics.fmean(b["max_tokens"] for b in bodies))
-    out: dict[str, Any] = {"serial_generate_tok_s": hf_serial(model, prompts[:serial], new)}
+    jobs = [(tok(b["prompt"])["input_ids"], b["max_tokens"]) for b in bodies]
+    new = round(statistics.fmean(m for _, m in jobs))
+    out: dict[str, Any] = {
+        "serial_generate_tok_s": hf_serial(model, [p for p, _ in jobs[:serial]], new)
+    }
+    engine = Engine(model, tok, EngineConfig(kv_budget_tokens=65_536, max_running=64))
     for c in concurrencies:
-        cfg = EngineConfig(kv_budget_tokens=65_536, max_running=64)
-        tps = []
-        for i in range(0, len(prompts), c):  # closed loop ≈ waves of c requests
-            t, _ = engine_run(model, tok, prompts[i : i + c], new, cfg)
-            tps.append(t)
-        out[f"engine_alone_tok_s_c{c}"] = statistics.fmean(tps)
+        out[f"engine_alone_tok_s_c{c}"] = engine_closed_loop(engine, jobs, c)
     return out
+
+
+def engine_closed_loop(engine: Any, jobs: list[tuple[list[int], int]], concurrency: int) -> float:
+    """tokens/s of the engine with ``concurrency`` requests kept in flight."""
+    from services.worker.engine.engine import EngineRequest
+
+    queue = list(jobs)
+    inflight = produced = 0
+    t0 = time.perf_counter()
+    while queue or engine.has_work:
+        while queue and inflight < concurrency:
+            prompt, max_tokens = queue.pop()
+            engine.add_request(
+                EngineRequest(uuid.uuid4().hex, prompt, max_tokens=max_tokens, ignore_eos=True)
+            )
+            inflight += 1
+        for o in engine.step():
+            produced += len(o.token_ids)
+            inflight -= o.finish is not None
+    return produced / (time.perf_counter() - t0)
 
 
 def plot(report: dict[str, Any], folder: Path) -> list[Path]:
