@@ -59,6 +59,7 @@ class CommonSettings(EnvSettings):
     topic_prefix: str = "tw"
     log_level: str = "INFO"
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0: off")
+    metrics_host: str = "127.0.0.1"
 
     @property
     def names(self) -> Names:

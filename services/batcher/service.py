@@ -136,7 +136,7 @@ class BatcherService:
         self.dead_letters = 0
 
     async def run(self) -> None:
-        serve_metrics(self.metrics.registry, self.settings.metrics_port)
+        serve_metrics(self.metrics.registry, self.settings.metrics_port, self.settings.metrics_host)
         await self.producer.start()
         self.consumer.subscribe([self.names.requests], listener=_Rebalance(self))
         await self.consumer.start()

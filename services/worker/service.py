@@ -51,6 +51,7 @@ from shared.prompts import prompt_token_ids
 log = logging.getLogger(__name__)
 
 HEARTBEAT_MIN_GAP_S = 0.05
+INLINE_TOKENIZE_CHARS = 8192
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -93,7 +94,7 @@ class WorkerService:
 
     async def run(self) -> None:
         """Serve until ``stop()``; then drain gracefully (see ``_shutdown``)."""
-        serve_metrics(self.metrics.registry, self.settings.metrics_port)
+        serve_metrics(self.metrics.registry, self.settings.metrics_port, self.settings.metrics_host)
         self.thread = EngineThread(self.engine, asyncio.get_running_loop())
         self.thread.start()
         await self.producer.start()
@@ -248,7 +249,13 @@ class WorkerService:
             )
             return
         try:
-            ids = await asyncio.to_thread(prompt_token_ids, self.tokenizer, req)
+            # Short prompts are tokenized inline (well under a millisecond): a thread hop
+            # would wait for the GIL behind the engine's step. Long ones go to a thread so
+            # the event loop never stalls on them.
+            if _prompt_chars(req) <= INLINE_TOKENIZE_CHARS:
+                ids = prompt_token_ids(self.tokenizer, req)
+            else:
+                ids = await asyncio.to_thread(prompt_token_ids, self.tokenizer, req)
         except Exception as exc:  # a template or tokenizer error is the request's problem
             await self._fail(req, "invalid_request", f"cannot tokenize the prompt: {exc}")
             return
@@ -427,3 +434,9 @@ class WorkerService:
 def _last_seq(entries: list[Any] | None) -> int:
     """The seq of the newest replay-log entry (from XREVRANGE count=1), or -1."""
     return token_stream.seq_of(entries[0][0]) if entries else -1
+
+
+def _prompt_chars(req: GenerateRequest) -> int:
+    if req.messages is not None:
+        return sum(len(m.content) for m in req.messages)
+    return len(req.prompt or "")
