@@ -54,6 +54,9 @@ class EdgeSettings(CommonSettings):
     # --- streams -------------------------------------------------------------------------
     owner_ttl_s: int = Field(LOG_TTL_S, ge=1, description="how long a request can be resumed")
     cancel_wait_s: float = Field(5.0, gt=0, description="how long a cancel waits for the end")
+    shutdown_grace_s: int = Field(
+        5, ge=0, description="on SIGTERM, how long open streams may finish before closing"
+    )
 
     @field_validator("api_keys")
     @classmethod

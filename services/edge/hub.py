@@ -1,11 +1,11 @@
 """One Redis pub/sub connection per edge process, multiplexing every request's channel.
 
-Each stream registers a queue for its channel; the hub's reader task parses the socket and
-drops each message's bytes into the queues of its channel. Nothing per message but a dict
+Each stream registers a mailbox for its channel; the hub's reader task parses the socket and
+drops each message's bytes into the mailboxes of its channel. Nothing per message but a dict
 lookup and ``put_nowait``: redis-py's ``PubSub`` spends ~30 µs per message in retry and
 observability wrappers, about as much as the rest of the relay, so the hub speaks RESP itself.
 
-After a reconnect every channel is subscribed again and its queues receive ``RESYNC``: what
+After a reconnect every channel is subscribed again and its mailboxes receive ``RESYNC``: what
 was published while the connection was down is in the replay log, which the stream reads.
 """
 
@@ -25,54 +25,121 @@ log = logging.getLogger(__name__)
 RESYNC: Final = b""  # queued after a reconnect: read the replay log to fill the gap
 
 
-class RespParser:
-    """Incremental parser of the RESP2 replies a subscribed connection receives."""
+class Mailbox:
+    """One stream's inbox: messages appended by the hub, taken all at once by the stream.
+    Lighter than ``asyncio.Queue`` (no per-item waiter bookkeeping) and woken with a plain
+    timer rather than a timeout scope, since it sits on the per-event path."""
+
+    __slots__ = ("_waiter", "items")
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self.items: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, data: bytes) -> None:
+        self.items.append(data)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def take(self) -> list[bytes]:
+        out = list(self.items)
+        self.items.clear()
+        return out
+
+    async def wait(self, deadline: float) -> bool:
+        """Until something is in the box (True) or the loop time ``deadline`` (False)."""
+        if self.items:
+            return True
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_at(deadline, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        return bool(self.items)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+_MESSAGE_HEAD = b"*3\r\n$7\r\nmessage\r\n$"  # a pub/sub message, up to its channel's length
+
+
+class RespParser:
+    """Incremental parser of the RESP2 replies a subscribed connection receives. Pub/sub
+    messages, nearly all of the traffic, take a flat fast path."""
+
+    def __init__(self) -> None:
+        self._buf = b""
 
     def feed(self, data: bytes) -> list[Any]:
         """Add bytes; return every complete reply now available."""
-        self._buf += data
-        out = []
+        buf = self._buf + data if self._buf else data
+        end = len(buf)
+        out: list[Any] = []
         pos = 0
-        while True:
-            item, end = self._parse(pos)
-            if end < 0:
+        while pos < end:
+            if buf.startswith(_MESSAGE_HEAD, pos):
+                msg, nxt = _message(buf, pos + len(_MESSAGE_HEAD))
+            else:
+                msg, nxt = _parse(buf, pos)
+            if nxt < 0:
                 break
-            out.append(item)
-            pos = end
-        if pos:
-            del self._buf[:pos]
+            out.append(msg)
+            pos = nxt
+        self._buf = buf[pos:]
         return out
 
-    def _parse(self, pos: int) -> tuple[Any, int]:
-        buf = self._buf
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
+
+def _message(buf: bytes, pos: int) -> tuple[Any, int]:
+    """``[b"message", channel, data]`` from just after ``$`` of the channel's length."""
+    eol = buf.find(b"\r\n", pos)
+    if eol < 0:
+        return None, -1
+    start = eol + 2
+    stop = start + int(buf[pos:eol])
+    eol = buf.find(b"\r\n", stop + 3)  # skip the channel's CRLF and the data's "$"
+    if eol < 0:
+        return None, -1
+    data = eol + 2
+    data_end = data + int(buf[stop + 3 : eol])
+    if len(buf) < data_end + 2:
+        return None, -1
+    return [b"message", buf[start:stop], buf[data:data_end]], data_end + 2
+
+
+def _parse(buf: bytes, pos: int) -> tuple[Any, int]:
+    """Any RESP2 reply at ``pos``: (value, end), or (None, -1) while incomplete."""
+    eol = buf.find(b"\r\n", pos)
+    if eol < 0:
+        return None, -1
+    kind, body = buf[pos : pos + 1], buf[pos + 1 : eol]
+    nxt = eol + 2
+    if kind == b"$":
+        n = int(body)
+        if n < 0:
+            return None, nxt
+        if len(buf) < nxt + n + 2:
             return None, -1
-        kind, body = buf[pos : pos + 1], bytes(buf[pos + 1 : eol])
-        nxt = eol + 2
-        if kind == b"$":
-            n = int(body)
-            if n < 0:
-                return None, nxt
-            if len(buf) < nxt + n + 2:
+        return buf[nxt : nxt + n], nxt + n + 2
+    if kind == b"*":
+        items = []
+        for _ in range(int(body)):
+            item, nxt = _parse(buf, nxt)
+            if nxt < 0:
                 return None, -1
-            return bytes(buf[nxt : nxt + n]), nxt + n + 2
-        if kind == b"*":
-            items = []
-            for _ in range(int(body)):
-                item, nxt = self._parse(nxt)
-                if nxt < 0:
-                    return None, -1
-                items.append(item)
-            return items, nxt
-        if kind == b":":
-            return int(body), nxt
-        if kind == b"-":
-            return RedisReplyError(body.decode(errors="replace")), nxt
-        return body, nxt  # "+" simple string
+            items.append(item)
+        return items, nxt
+    if kind == b":":
+        return int(body), nxt
+    if kind == b"-":
+        return RedisReplyError(body.decode(errors="replace")), nxt
+    return body, nxt  # "+" simple string
 
 
 class RedisReplyError(Exception):
@@ -94,7 +161,7 @@ class Hub:
     def __init__(self, redis_url: str, *, subscribe_timeout_s: float = 5.0) -> None:
         self._url = parse_url(redis_url)
         self._timeout = subscribe_timeout_s
-        self._sinks: dict[bytes, set[asyncio.Queue[bytes]]] = {}
+        self._sinks: dict[bytes, set[Mailbox]] = {}
         self._ready: dict[bytes, asyncio.Future[None]] = {}
         self._acks: dict[bytes, deque[asyncio.Future[None]]] = {}
         self._writer: asyncio.StreamWriter | None = None
@@ -122,25 +189,25 @@ class Hub:
                 await self._task
         self._close_writer()
 
-    async def subscribe(self, channel: bytes, queue: asyncio.Queue[bytes]) -> None:
-        """Deliver ``channel``'s messages into ``queue`` from the moment this returns."""
+    async def subscribe(self, channel: bytes, box: Mailbox) -> None:
+        """Deliver ``channel``'s messages into ``box`` from the moment this returns."""
         sinks = self._sinks.get(channel)
         if sinks is None:
             sinks = self._sinks[channel] = set()
             self._ready[channel] = self._send_subscribe(channel)
-        sinks.add(queue)
+        sinks.add(box)
         try:
             await asyncio.wait_for(asyncio.shield(self._ready[channel]), self._timeout)
         except BaseException:
-            self.unsubscribe(channel, queue)
+            self.unsubscribe(channel, box)
             raise
 
-    def unsubscribe(self, channel: bytes, queue: asyncio.Queue[bytes]) -> None:
-        """Stop delivering to ``queue`` (synchronous, so it is safe in any ``finally``)."""
+    def unsubscribe(self, channel: bytes, box: Mailbox) -> None:
+        """Stop delivering to ``box`` (synchronous, so it is safe in any ``finally``)."""
         sinks = self._sinks.get(channel)
         if sinks is None:
             return
-        sinks.discard(queue)
+        sinks.discard(box)
         if not sinks:
             del self._sinks[channel]
             self._ready.pop(channel, None)

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
-from services.edge.hub import RESYNC, Hub
+from services.edge.hub import RESYNC, Hub, Mailbox
 from shared import token_stream
 from shared.names import Names
 
@@ -36,14 +36,14 @@ class EventStream:
         self._redis = redis
         self._names = names
         self._channel = names.token_channel(request_id).encode()
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._box = Mailbox()
         self._ready: list[Event] = []
         self._subscribed = False
 
     async def open(self, *, replay: bool = True) -> EventStream:
         """Subscribe; then (``replay``) read what the log already holds. A fresh request
         subscribed before it was published has nothing in the log, so it skips the read."""
-        await self._hub.subscribe(self._channel, self._queue)
+        await self._hub.subscribe(self._channel, self._box)
         self._subscribed = True
         if replay:
             await self._replay(include_last_seen=True)
@@ -52,7 +52,7 @@ class EventStream:
     def close(self) -> None:
         if self._subscribed:
             self._subscribed = False
-            self._hub.unsubscribe(self._channel, self._queue)
+            self._hub.unsubscribe(self._channel, self._box)
 
     async def __aenter__(self) -> EventStream:
         return await self.open()
@@ -68,27 +68,15 @@ class EventStream:
             return out
         if self.finished:
             return []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            if self._queue.empty():
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        first = await self._queue.get()
-                except TimeoutError:
-                    return []
-            else:
-                first = self._queue.get_nowait()
-            out = await self._accept(first)
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while await self._box.wait(deadline):
+            out = await self._accept(self._box.take())
             if out:
                 return out
+        return []
 
-    async def _accept(self, first: bytes) -> list[Event]:
-        """Take ``first`` and whatever else is queued; keep the contiguous new events."""
-        raws = [first]
-        q = self._queue
-        while not q.empty():
-            raws.append(q.get_nowait())
+    async def _accept(self, raws: list[bytes]) -> list[Event]:
+        """Keep the contiguous new events of ``raws``; fill gaps from the log."""
         out: list[Event] = []
         for raw in raws:
             if raw == RESYNC:

@@ -1,0 +1,26 @@
+"""Running the edge: uvicorn with the edge's settings and a bounded graceful shutdown.
+
+Streams never end on their own, so without a bound a SIGTERM would wait for every client
+to hang up; after ``shutdown_grace_s`` the open streams are closed (resumable clients
+reconnect to another edge with ``Last-Event-ID``; non-resumable requests are cancelled).
+uvicorn picks uvloop and httptools when they are installed (faster relay, see bench.py).
+"""
+
+from __future__ import annotations
+
+import uvicorn
+
+from services.edge.app import create_app
+from services.edge.config import EdgeSettings
+
+
+def serve(settings: EdgeSettings) -> None:
+    """Serve until SIGTERM/SIGINT (what ``tokenwire edge`` runs)."""
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
+        access_log=False,
+    )
