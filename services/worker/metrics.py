@@ -59,6 +59,7 @@ class WorkerMetrics:
         self.info = Gauge("tw_worker_info", "worker identity", list(lbl), registry=r)
         self.info.labels(**lbl).set(1)
         self._preempted_seen = 0
+        self._prefilled_seen = 0
         self._last_event: dict[str, float] = {}
 
     def started(self, req: GenerateRequest) -> None:
@@ -89,4 +90,6 @@ class WorkerMetrics:
         self.kv_usage.set(stats.kv_used_blocks / max(1, stats.kv_blocks))
         self.preemptions.inc(stats.preemptions - self._preempted_seen)
         self._preempted_seen = stats.preemptions
+        self.prefilled.inc(stats.prefilled_tokens - self._prefilled_seen)
+        self._prefilled_seen = stats.prefilled_tokens
         self.lag.set(lag)
