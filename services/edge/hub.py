@@ -158,7 +158,10 @@ class Hub:
     """The shared subscriber. ``subscribe`` returns once Redis confirms the subscription,
     so a reader that subscribes, then reads the log, cannot miss an event."""
 
-    def __init__(self, redis_url: str, *, subscribe_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, redis_url: str, *, name: str = "tw-edge", subscribe_timeout_s: float = 5.0
+    ) -> None:
+        self.name = name  # the connection's CLIENT name, as CLIENT LIST shows it
         self._url = parse_url(redis_url)
         self._timeout = subscribe_timeout_s
         self._sinks: dict[bytes, set[Mailbox]] = {}
@@ -231,9 +234,13 @@ class Hub:
             asyncio.open_connection(u.get("host", "127.0.0.1"), u.get("port", 6379), ssl=ssl),
             self._timeout,
         )
+        hello = []
         if u.get("password"):
             auth = [u["username"].encode()] if u.get("username") else []
-            writer.write(command(b"AUTH", *auth, u["password"].encode()))
+            hello.append(command(b"AUTH", *auth, u["password"].encode()))
+        hello.append(command(b"CLIENT", b"SETNAME", self.name.encode()))  # for operators
+        for cmd in hello:
+            writer.write(cmd)
             line = await asyncio.wait_for(reader.readline(), self._timeout)
             if not line.startswith(b"+"):
                 writer.close()

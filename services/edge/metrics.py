@@ -33,9 +33,13 @@ class EdgeMetrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
+        self.pubsub_reconnects = Gauge(
+            "tw_edge_pubsub_reconnects", "reconnects of the shared subscriber", registry=r
+        )
         self.queued = Gauge(
             "tw_edge_batcher_queued_requests", "requests queued in batchers (last read)", registry=r
         )
 
     def render(self) -> bytes:
+        """The exposition text (callers refresh the gauges they own first)."""
         return generate_latest(self.registry)

@@ -1,11 +1,14 @@
 """OpenAI response shapes, built from relayed event dicts.
 
 A request's ``id`` is its request id (``cmpl-…`` or ``chatcmpl-…``), so the id a client
-sees is the one it resumes or cancels with, and the prefix says which shape to resume in.
+sees is the one it resumes or cancels with; the id also carries the response shape and
+the ``created`` time, so any edge resumes a stream exactly as it began.
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +23,22 @@ TEXT_PREFIX = "cmpl-"
 
 def is_chat_id(request_id: str) -> bool:
     return request_id.startswith(CHAT_PREFIX)
+
+
+def new_request_id(chat: bool, created: float) -> str:
+    """``cmpl-``/``chatcmpl-``, the creation second (8 hex digits), 24 random hex digits:
+    the id alone tells a resuming edge the response shape and its ``created`` time."""
+    prefix = CHAT_PREFIX if chat else TEXT_PREFIX
+    return f"{prefix}{int(created) & 0xFFFFFFFF:08x}{uuid.uuid4().hex[:24]}"
+
+
+def created_of(request_id: str) -> int:
+    """The creation time encoded in an id made by ``new_request_id`` (now, for others)."""
+    stamp = request_id.removeprefix(CHAT_PREFIX).removeprefix(TEXT_PREFIX)[:8]
+    try:
+        return int(stamp, 16)
+    except ValueError:
+        return int(time.time())
 
 
 def usage_of(ev: Event) -> dict[str, Any] | None:

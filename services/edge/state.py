@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +52,7 @@ class EdgeState:
             settings=settings,
             redis=redis,
             producer=make_producer(settings, client_id="edge"),
-            hub=Hub(settings.redis_url),
+            hub=Hub(settings.redis_url, name=f"tw-edge:{names.prefix}:{os.getpid()}"),
             keys=KeyStore(
                 redis,
                 names,

@@ -9,7 +9,7 @@ the request is published, keyed by its id.
 from __future__ import annotations
 
 import asyncio
-import uuid
+import time
 
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
@@ -18,16 +18,12 @@ from services.edge.auth import Principal
 from services.edge.errors import ApiError, bad_request, rate_limited, unavailable
 from services.edge.model_info import INLINE_TOKENIZE_CHARS, TemplateError
 from services.edge.openai_api import ChatBody, CompletionBody
-from services.edge.shapes import CHAT_PREFIX, TEXT_PREFIX
+from services.edge.shapes import new_request_id
 from services.edge.state import EdgeState
 from shared.codec import encode
 from shared.messages import GenerateRequest
 
 DEFAULT_MAX_TOKENS = {False: 16, True: 256}  # completions (OpenAI's default), chat
-
-
-def new_request_id(chat: bool) -> str:
-    return (CHAT_PREFIX if chat else TEXT_PREFIX) + uuid.uuid4().hex
 
 
 async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) -> GenerateRequest:
@@ -59,7 +55,7 @@ async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) 
             verdict.retry_after_s,
         )
     try:
-        return body.to_request(new_request_id(chat), who.tenant, max_tokens)
+        return body.to_request(new_request_id(chat, time.time()), who.tenant, max_tokens)
     except ValidationError as exc:
         raise bad_request(f"invalid request: {exc.errors()[0]['msg']}") from None
 
@@ -139,4 +135,4 @@ def _shed(st: EdgeState) -> None:
         )
 
 
-__all__ = ["ApiError", "admit", "new_request_id", "publish"]
+__all__ = ["ApiError", "admit", "publish"]

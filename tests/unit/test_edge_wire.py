@@ -4,6 +4,7 @@ shapes, request bodies, API-key parsing, and the replay dedup of ``EventStream``
 from __future__ import annotations
 
 import asyncio
+import time
 
 import orjson
 import pytest
@@ -228,3 +229,13 @@ async def test_event_stream_resumed_after_the_final_event_is_finished() -> None:
     await stream.open()
     assert stream.finished and stream.final_event is not None
     assert await stream.next(0.01) == []
+
+
+def test_request_ids_carry_shape_and_creation_time() -> None:
+    from services.edge.shapes import created_of, is_chat_id, new_request_id
+
+    rid = new_request_id(True, 1_796_000_000.7)
+    assert rid.startswith("chatcmpl-") and is_chat_id(rid) and len(rid) == 9 + 32
+    assert created_of(rid) == 1_796_000_000
+    assert created_of(new_request_id(False, 5)) == 5
+    assert abs(created_of("cmpl-zz") - time.time()) < 5  # foreign ids: now

@@ -13,7 +13,7 @@ from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
 from services.edge.responses import JsonRelay, RelayPlan, SseRelay
 from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
-from services.edge.shapes import Shape
+from services.edge.shapes import Shape, created_of
 from services.edge.submit import admit, publish
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -49,7 +49,7 @@ async def generate(request: Request, who: Principal, body: CompletionBody | Chat
     plan = RelayPlan(
         st,
         stream,
-        Shape(req.request_id, st.settings.model_name, int(req.created_at)),
+        Shape(req.request_id, st.settings.model_name, created_of(req.request_id)),
         who.tenant,
         cancel_on_disconnect=not body.resumable,
         include_usage=body.include_usage,

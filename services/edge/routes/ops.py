@@ -56,6 +56,7 @@ async def metrics(request: Request) -> Response:
     """Prometheus metrics of this edge process."""
     st = edge_state(request)
     st.metrics.queued.set(st.load.current.queued_requests)
+    st.metrics.pubsub_reconnects.set(st.hub.reconnects)
     return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 

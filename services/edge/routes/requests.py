@@ -3,7 +3,6 @@ Both are tenant-scoped: another tenant's request is a 404, like one that never e
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
@@ -15,7 +14,7 @@ from services.edge.errors import bad_request, not_found, unavailable
 from services.edge.relay import EventStream
 from services.edge.responses import RelayPlan, SseRelay
 from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
-from services.edge.shapes import Shape
+from services.edge.shapes import Shape, created_of
 from services.edge.state import EdgeState
 
 router = APIRouter(responses=ERROR_RESPONSES, tags=["requests"])
@@ -45,7 +44,7 @@ async def resume(
     except TimeoutError:
         stream.close()
         raise unavailable("the token stream is not reachable", code="stream_unavailable") from None
-    shape = Shape(request_id, st.settings.model_name, int(time.time()))
+    shape = Shape(request_id, st.settings.model_name, created_of(request_id))
     plan = RelayPlan(
         st, stream, shape, who.tenant, cancel_on_disconnect=False, include_usage=include_usage
     )

@@ -14,7 +14,6 @@ a refusal is ``{"type": "error", "status": 4xx, "error": {…}}``.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import orjson
@@ -26,7 +25,7 @@ from services.edge.cancel import cancel_request, owner_of
 from services.edge.errors import ApiError, bad_request, not_found
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
-from services.edge.shapes import Shape, error_of, usage_of
+from services.edge.shapes import Shape, created_of, error_of, usage_of
 from services.edge.state import EdgeState
 from services.edge.submit import admit, publish
 
@@ -74,7 +73,7 @@ async def _handle(ws: WebSocket, st: EdgeState, who: Principal, msg: dict[str, A
         except BaseException:
             stream.close()
             raise
-        shape = Shape(req.request_id, st.settings.model_name, int(req.created_at))
+        shape = Shape(req.request_id, st.settings.model_name, created_of(req.request_id))
         await _relay(ws, st, who, stream, shape, cancel_on_disconnect=not body.resumable)
     elif kind == "resume":
         rid = str(msg.get("request_id", ""))
@@ -84,7 +83,7 @@ async def _handle(ws: WebSocket, st: EdgeState, who: Principal, msg: dict[str, A
             raise bad_request("last_event_id must be an integer ≥ -1")
         stream = EventStream(st.hub, st.redis, st.names, rid, after_seq=after)
         await stream.open()
-        shape = Shape(rid, st.settings.model_name, int(time.time()))
+        shape = Shape(rid, st.settings.model_name, created_of(rid))
         await _relay(ws, st, who, stream, shape, cancel_on_disconnect=False)
     elif kind == "cancel" and msg.get("request_id"):
         rid = str(msg["request_id"])
