@@ -2,7 +2,8 @@
 
 Workers abort a request they hold within one engine step and publish a final event with
 ``finish_reason: "cancelled"``. A request still queued in Kafka or a batcher is held by no
-worker yet, so the broadcast repeats until the final event appears or time runs out.
+worker yet: the cancelled marker makes the worker that picks it up end it at once, and the
+broadcast repeats (covering a pick-up racing the marker) until the final event appears.
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ async def cancel_request(st: EdgeState, request_id: str, tenant: str, source: st
         if stream.final_event is not None:
             return stream.final_event
         while loop.time() < deadline:
-            await st.redis.publish(st.names.cancel_channel, msg)
+            pipe = st.redis.pipeline(transaction=False)
+            # The marker stops a worker that picks the request up later; the broadcast
+            # stops the one holding it now.
+            pipe.set(st.names.cancelled(request_id), b"1", ex=st.settings.owner_ttl_s)
+            pipe.publish(st.names.cancel_channel, msg)
+            await pipe.execute()
             resend_at = min(deadline, loop.time() + RESEND_S)
             while (left := resend_at - loop.time()) > 0:
                 await stream.next(left)

@@ -348,6 +348,23 @@ async def test_cancel_mid_stream_ends_it_and_frees_the_sequence(edges: Edges) ->
     assert again.json()["last_event_id"] == info["last_event_id"]
 
 
+async def test_cancel_right_after_submission(edges: Edges) -> None:
+    """A cancel that may reach the bus before any worker holds the request (still in the
+    batcher's window) ends it all the same."""
+    body = {"model": MODEL, "prompt": "The class", "stream": True, **LONG}
+    async with (
+        httpx.AsyncClient(timeout=60) as http,
+        http.stream("POST", edges.url("a") + "/v1/completions", json=body, headers=auth(ACME)) as r,
+    ):
+        rid = r.headers["x-request-id"]
+        ack = await http.post(edges.url("a") + f"/v1/requests/{rid}/cancel", headers=auth(ACME))
+        events = await sse(r)
+    assert ack.json()["status"] == "cancelled"
+    final = orjson.loads(events[-2][1])["choices"][0]
+    assert final["finish_reason"] == "cancelled"
+    assert len(events) - 1 < LONG["max_tokens"]
+
+
 async def test_disconnect_cancels_a_non_resumable_stream(edges: Edges) -> None:
     body = {"model": MODEL, "prompt": "If the argument", "stream": True, **LONG}
     async with (

@@ -5,7 +5,7 @@
   const params = new URLSearchParams(location.search);
   const keyInput = $("api-key");
   const maxTokens = $("max-tokens");
-  keyInput.value = params.get("api_key") || localStorage.getItem("tw-api-key") || "";
+  keyInput.value = localStorage.getItem("tw-api-key") || "";
   if (params.get("max_tokens")) maxTokens.value = params.get("max_tokens");
   const ignoreEos = params.get("ignore_eos") === "1";
   const history = [];
