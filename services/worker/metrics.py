@@ -50,6 +50,9 @@ class WorkerMetrics:
         self.preemptions = Counter(
             "tw_preemptions", "sequences preempted for KV memory", registry=r
         )
+        self.prefilled = Counter(
+            "tw_prefill_tokens", "prompt tokens computed (not served by the prefix cache)", registry=r
+        )
         self.running = Gauge("tw_requests_running", "sequences running in the engine", registry=r)
         self.waiting = Gauge("tw_requests_waiting", "sequences waiting in the engine", registry=r)
         self.kv_usage = Gauge("tw_kv_cache_usage_ratio", "share of KV blocks in use", registry=r)
