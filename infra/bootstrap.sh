@@ -48,6 +48,8 @@ print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))
 PY
 )
   touch "$VENV/.complete"
+  # Environments of older dependency lists are ~6 GB each: keep only the current one.
+  find "$TOKENWIRE_CACHE" -maxdepth 1 -name 'venv-*' ! -path "$VENV" -exec rm -rf {} + || true
 fi
 ln -sfn "$VENV" .venv
 # The project itself is installed editable from this checkout (seconds), so the cached

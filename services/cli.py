@@ -89,14 +89,18 @@ def cmd_batcher(_: argparse.Namespace) -> None:
 
 
 def cmd_edge(_: argparse.Namespace) -> None:
-    import uvicorn
-
-    from services.edge.app import create_app
     from services.edge.config import EdgeSettings
+    from services.edge.server import serve
 
     settings = EdgeSettings.from_env()
     setup_logging("edge", settings.log_level)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    serve(settings)
+
+
+def cmd_bench_edge(args: argparse.Namespace) -> None:
+    from services.edge.bench import main as bench_edge
+
+    bench_edge(args.rest)
 
 
 def cmd_topics(args: argparse.Namespace) -> None:
@@ -258,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--max-in-flight", type=int, default=256)
     bs.add_argument("--quiet", action="store_true")
     bs.set_defaults(fn=cmd_bulk_submit)
+    bedge = bsub.add_parser("edge", help="events/s one edge relays and the latency it adds")
+    bedge.add_argument("rest", nargs=argparse.REMAINDER, help="options of the edge benchmark")
+    bedge.set_defaults(fn=cmd_bench_edge)
     e2e = bsub.add_parser("e2e", help="the whole pipeline under load vs engine-alone and generate")
     e2e.add_argument("--preset", default="small")
     e2e.add_argument("--model-dir", default="")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TextIO
 
 import httpx
@@ -19,8 +20,10 @@ async def stream_completion(url: str, prompt: str, max_tokens: int, model: str, 
         "seed": 7,
     }
     text = []
+    key = os.environ.get("TW_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with (
-        httpx.AsyncClient(timeout=120) as client,
+        httpx.AsyncClient(timeout=120, headers=headers) as client,
         client.stream("POST", f"{url}/v1/completions", json=body) as resp,
     ):
         if resp.status_code != 200:
