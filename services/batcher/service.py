@@ -419,9 +419,11 @@ class BatcherService:
             queued_tokens=self.queue.tokens,
             paused=self._paused,
         )
-        await self.redis.set(
-            self.names.batcher_status(self.settings.batcher_id), encode(status), px=3000
-        )
+        bid = self.settings.batcher_id
+        pipe = self.redis.pipeline(transaction=False)
+        key = self.names.batcher_status(bid)
+        registry.advertise(pipe, self.names.batchers_index, bid, key, encode(status), 3.0)
+        await pipe.execute()
 
 
 def _saturation(workers: list[WorkerView]) -> float:
