@@ -133,7 +133,6 @@ class BatcherService:
         # batch acknowledged by Kafka (the hand-off's share).
         self.window_waits_ms: deque[float] = deque(maxlen=100_000)
         self.handoff_ms: deque[float] = deque(maxlen=100_000)
-        self.dead_letters = 0
 
     async def run(self) -> None:
         serve_metrics(self.metrics.registry, self.settings.metrics_port, self.settings.metrics_host)
@@ -282,7 +281,6 @@ class BatcherService:
                 )
                 notify.append(error_event(r.request_id, seq, r.reason, r.detail))
         await asyncio.gather(*sends)
-        self.dead_letters += len(rejected)
         for r in rejected:
             self.metrics.dead_letters.labels(reason=r.reason).inc()
         if notify:
