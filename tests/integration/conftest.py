@@ -29,3 +29,19 @@ async def stack(
         yield st
     finally:
         st.stop_all()
+
+
+@pytest.fixture
+async def bare(
+    infra: dict[str, str], model_dir: str, request: pytest.FixtureRequest
+) -> AsyncIterator[Stack]:
+    """A fresh topic prefix (2 partitions) with no processes yet: the test starts, kills and
+    restarts its own."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    tag = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")[:10]
+    st = make_stack(new_prefix(tag), infra, model_dir, ARTIFACTS)
+    await st.create_topics(partitions=2)
+    try:
+        yield st
+    finally:
+        st.stop_all()

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import orjson
 import pytest
@@ -26,23 +24,9 @@ from shared.messages import (
     ReplyTarget,
     SamplingParams,
 )
-from tests.conftest import new_prefix
-from tests.integration.harness import Stack, StreamRecorder, make_stack, produce, read_topic
+from tests.integration.harness import Stack, StreamRecorder, produce, read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
-
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-
-
-@pytest.fixture
-async def bare(infra: dict[str, str], model_dir: str) -> AsyncIterator[Stack]:
-    ARTIFACTS.mkdir(exist_ok=True)
-    stk = make_stack(new_prefix("batcher"), infra, model_dir, ARTIFACTS)
-    await stk.create_topics(partitions=2)
-    try:
-        yield stk
-    finally:
-        stk.stop_all()
 
 
 def request(
@@ -53,7 +37,7 @@ def request(
         prompt="The function returns the value of",
         sampling=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
         reply=ReplyTarget(kafka_topic=topic),
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 
@@ -137,7 +121,7 @@ async def test_backpressure_pauses_consumption_and_bounds_the_queue(bare: Stack)
     consumer = AIOKafkaConsumer(bootstrap_servers=boot, group_id=stk.names.batcher_group)
     await consumer.start()
     try:
-        parts = [TopicPartition(stk.names.requests, p) for p in (0, 1)]
+        parts = [TopicPartition(stk.names.requests, p) for p in (0, 1)]  # the fixture makes 2
         committed = sum([await consumer.committed(tp) or 0 for tp in parts])
         end = sum((await consumer.end_offsets(parts)).values())
     finally:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,28 +21,14 @@ from shared.messages import (
     ReplyTarget,
     SamplingParams,
 )
-from tests.conftest import new_prefix
-from tests.integration.harness import Stack, StreamRecorder, make_stack, produce, read_topic
+from tests.integration.harness import Stack, StreamRecorder, produce, read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 FAST_FAILOVER = {"TW_SESSION_TIMEOUT_MS": "3000", "TW_CLAIM_TTL_S": "2"}
 WORDS = (
     "the function returns a list of values for each key in the mapping if it is not None".split()
 )
-
-
-@pytest.fixture
-async def bare(infra: dict[str, str], model_dir: str) -> AsyncIterator[Stack]:
-    """A topic prefix with no processes yet: each test starts and kills its own."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    st = make_stack(new_prefix("handoff"), infra, model_dir, ARTIFACTS)
-    await st.create_topics(partitions=4)
-    try:
-        yield st
-    finally:
-        st.stop_all()
 
 
 def greedy_requests(
