@@ -27,8 +27,17 @@ async def _serve_until_signal(make: Callable[[], _Service]) -> None:
     gracefully."""
     service = make()
     loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:  # a second signal: stop now, without draining
+            os._exit(130)
+        service.stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, service.stop)
+        loop.add_signal_handler(sig, on_signal)
     await service.run()
 
 

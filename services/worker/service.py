@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_MIN_GAP_S = 0.05
 INLINE_TOKENIZE_CHARS = 8192
+SHUTDOWN_STEP_S = 5.0
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -120,9 +121,11 @@ class WorkerService:
         finally:
             for t in [consume, *others, stop]:
                 t.cancel()
-            await asyncio.gather(consume, *others, stop, return_exceptions=True)
+            # Bounded: a client library that ignores cancellation must not keep a stopping
+            # worker (and its partitions) hostage.
+            await asyncio.wait([consume, *others, stop], timeout=SHUTDOWN_STEP_S)
             self.thread.stop()
-            await self._shutdown()
+            await asyncio.wait_for(self._shutdown(), timeout=3 * SHUTDOWN_STEP_S)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -418,8 +421,9 @@ class WorkerService:
         pubsub = self.redis.pubsub()
         await pubsub.subscribe(self.names.cancel_channel)
         try:
-            async for msg in pubsub.listen():
-                if msg["type"] != "message":
+            while True:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if msg is None:
                     continue
                 try:
                     cancel = decode(CancelRequest, msg["data"])
@@ -428,7 +432,8 @@ class WorkerService:
                 if cancel.request_id in self.streams and self.thread is not None:
                     self.thread.abort(cancel.request_id)
         finally:
-            await pubsub.aclose()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pubsub.aclose(), SHUTDOWN_STEP_S)
 
 
 def _last_seq(entries: list[Any] | None) -> int:

@@ -136,3 +136,27 @@ async def test_two_batchers_and_two_workers_share_the_load(bare: Stack) -> None:
     batches = await read_topic(boot, st.names.batches, lambda vs: False, 3)
     batchers = {decode(Batch, v).batcher_id for v in batches}
     assert len(batchers) == 2
+
+
+async def test_sigterm_drains_hands_back_and_another_worker_finishes(
+    bare: Stack, model_dir: str
+) -> None:
+    st = bare
+    reqs = greedy_requests(12, 400, seed=4)  # long enough to be running at SIGTERM
+    st.start("batcher")
+    st.start("worker", "w1", **FAST_FAILOVER, TW_DRAIN_TIMEOUT_S="1")
+    await st.wait_ready()
+    async with StreamRecorder(st.env["TW_REDIS_URL"], st.names) as rec:
+        await produce(st.env["TW_KAFKA_BOOTSTRAP"], st.names.requests, [encode(r) for r in reqs])
+        await wait_for_progress(rec, 12)
+        rc = st.stop("w1", signal.SIGTERM, timeout=30)
+        assert rc == 0  # it drained, handed back and left the group on its own
+        assert len(rec.finished()) < 12
+        st.start("worker", "w2", **FAST_FAILOVER)
+        await rec.wait_finished({r.request_id for r in reqs}, within_s=300, stack=st)
+    expected = reference_tokens(model_dir, reqs[:3], 400)
+    for r in reqs:
+        events = rec.stream(r.request_id)
+        assert sum(len(e.token_ids) for e in events) == 400
+    for r in reqs[:3]:
+        assert [t for e in rec.stream(r.request_id) for t in e.token_ids] == expected[r.request_id]
