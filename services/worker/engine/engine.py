@@ -16,7 +16,7 @@ from services.worker.engine.kv_cache import KVCacheManager
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import SeqState, Status
 from services.worker.engine.sampler import SamplingConfig, make_generator, sample
-from services.worker.engine.scheduler import Scheduler, SchedulerConfig, StepPlan
+from services.worker.engine.scheduler import Scheduler, SchedulerConfig, StepPlan, Work
 from services.worker.engine.text import TextStream
 
 
@@ -181,16 +181,15 @@ class Engine:
         return self._final_output(live, [], "", Status.FINISHED_ABORTED)
 
     def _run(self, plan: StepPlan) -> list[StepOutput]:
-        decode = [w for w in plan.work if w.num_tokens == 1]
-        prefill = [w for w in plan.work if w.num_tokens > 1]
         logits: dict[str, torch.Tensor] = {}
-        # Decodes go in one batched pass; each prefill chunk in its own (no padding waste).
-        for group in ([decode] if decode else []) + [[w] for w in prefill]:
+        for group in _forward_groups(plan.work):
             items = [
                 RunItem(
                     w.seq.all_ids[w.seq.num_computed : w.seq.num_computed + w.num_tokens],
                     w.seq.num_computed,
                     self.kv.table(w.seq.request_id).block_ids,
+                    # Unique per admission, so a reused request id never meets stale KV.
+                    (w.seq.request_id, w.seq.arrival),
                 )
                 for w in group
             ]
@@ -263,3 +262,36 @@ class Engine:
         while self.has_work:
             outputs += self.step()
         return outputs
+
+
+# A padded forward wastes the padding's compute but saves a pass over every weight; batching
+# prefill chunks paid off on CPU (2 threads, 30M model: 8 x 128 tokens in 0.6x the time of
+# 8 separate passes, 8 x 32 in 0.4x) as long as the padding stays small.
+_MAX_PADDING = 1.25
+
+
+def _forward_groups(work: list[Work]) -> list[list[Work]]:
+    """Split a step's work into forward passes: all decodes in one batched pass, prefill
+    chunks batched together while padding to the longest costs little."""
+    decode = [w for w in work if w.num_tokens == 1]
+    prefill = sorted((w for w in work if w.num_tokens > 1), key=lambda w: -w.num_tokens)
+    groups = [decode] if decode else []
+    batch: list[Work] = []
+    for w in prefill:
+        if batch and not _pads_little([*batch, w]):
+            groups.append(batch)
+            batch = []
+        batch.append(w)
+    if batch:
+        groups.append(batch)
+    return groups
+
+
+def _pads_little(batch: list[Work]) -> bool:
+    """Whether padding every chunk to the longest, and every context to the longest, stays
+    within ``_MAX_PADDING`` of the real token count and attention area."""
+    q = max(w.num_tokens for w in batch)
+    kv = max(w.seq.num_computed + w.num_tokens for w in batch)
+    tokens = sum(w.num_tokens for w in batch)
+    area = sum(w.num_tokens * (w.seq.num_computed + w.num_tokens) for w in batch)
+    return len(batch) * q <= _MAX_PADDING * tokens and len(batch) * q * kv <= _MAX_PADDING * area

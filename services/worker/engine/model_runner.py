@@ -2,14 +2,27 @@
 
 KV lives in a pool of fixed-size blocks per layer, ``[num_blocks, block_size, kv_heads,
 head_dim]``; a sequence's block table (from the cache manager) says which blocks hold its
-tokens, so prefix blocks are shared physically and the KV budget is the pool's size. For a
-forward pass, a small cache object writes the new keys/values into their blocks and gathers
-each sequence's blocks into a padded batch for SDPA, with an explicit 4D mask.
+tokens, so prefix blocks are shared physically and the KV budget is the pool's size. The pool
+is the source of truth: every new key/value is written into its block.
+
+Two ways to hand KV to the model's attention, by the shape of the work:
+
+- **Prefill** (several tokens per row): a small cache object writes the new keys/values into
+  their blocks and gathers each row's blocks into a padded batch for SDPA, with an explicit
+  4D mask. A batch of fresh prompts (nothing cached before them) skips the gather.
+- **Decode** (one token per row): gathering every row's whole history on every step cost
+  more than the attention itself (CPU, 32 rows of ~150 tokens: ~11% of a step; memory-bound,
+  so worst when the machine is busy). Decoding rows therefore also keep a dense copy of their
+  KV, ``[slots, kv_heads, capacity, head_dim]`` per layer, that each step appends to in place.
+  A row keeps its slot while it decodes; a row that joins is copied from the pool once; rows
+  that left free their slots for the next ones. The copy is derived from the pool and never
+  larger than it (KV memory stays within twice the budget); rows that would need more are
+  gathered from the pool as in prefill.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,31 +32,39 @@ import torch
 @dataclass(frozen=True, slots=True)
 class RunItem:
     """Tokens ``token_ids`` at positions ``start, start+1, …`` of a sequence with blocks
-    ``block_ids``; KV for positions before ``start`` is already in those blocks."""
+    ``block_ids``; KV for positions before ``start`` is already in those blocks.
+
+    ``row_key`` names the sequence across steps (unique per admission of a request), so a
+    decoding row can keep its dense KV copy from one step to the next; without it the
+    row's KV is gathered from the pool."""
 
     token_ids: Sequence[int]
     start: int
     block_ids: Sequence[int]
+    row_key: Hashable | None = None
+
+
+Pools = tuple[list[torch.Tensor], list[torch.Tensor]]
 
 
 class _PagedCache:
-    """Duck-typed transformers cache: ``update`` stores new KV into the pool and returns
-    every row's full keys/values, padded to a common length."""
+    """Duck-typed transformers cache for prefill: ``update`` stores new KV into the pool and
+    returns every row's full keys/values, padded to a common length."""
 
     def __init__(
         self,
-        pools: tuple[list[torch.Tensor], list[torch.Tensor]],
+        pools: Pools,
         write_blocks: torch.Tensor,
         write_offsets: torch.Tensor,
         write_rows: torch.Tensor,
         write_cols: torch.Tensor,
-        gather: torch.Tensor,
+        gather: torch.Tensor | None,
         kv_len: int,
     ) -> None:
         self.k_pool, self.v_pool = pools
         self.write_blocks, self.write_offsets = write_blocks, write_offsets
         self.write_rows, self.write_cols = write_rows, write_cols
-        self.gather = gather  # [rows, blocks_per_row]
+        self.gather = gather  # [rows, blocks_per_row]; None: the new tokens are all there is
         self.kv_len = kv_len
 
     def update(
@@ -56,13 +77,195 @@ class _PagedCache:
         ):
             # new: [rows, heads, q, dim] → the valid (row, q) tokens into their slots.
             pool[self.write_blocks, self.write_offsets] = new[self.write_rows, :, self.write_cols]
+            if self.gather is None:
+                out.append(new)
+                continue
             rows, nblk = self.gather.shape
-            full = pool[self.gather].view(rows, nblk * pool.shape[1], pool.shape[2], pool.shape[3])
+            # index_select on a flat index is several times faster than pool[gather] on CPU.
+            full = pool.index_select(0, self.gather.view(-1))
+            full = full.view(rows, nblk * pool.shape[1], pool.shape[2], pool.shape[3])
             out.append(full[:, : self.kv_len].transpose(1, 2))
         return out[0], out[1]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv_len
+
+
+class _DenseCache:
+    """Duck-typed transformers cache for decode: ``update`` writes each row's one new token
+    into the pool and into the row's dense slot, and returns the dense slots as they are."""
+
+    def __init__(
+        self,
+        pools: Pools,
+        dense: Pools,
+        write_blocks: torch.Tensor,
+        write_offsets: torch.Tensor,
+        positions: torch.Tensor,
+        kv_len: int,
+    ) -> None:
+        self.k_pool, self.v_pool = pools
+        self.k_dense, self.v_dense = dense
+        self.write_blocks, self.write_offsets = write_blocks, write_offsets
+        self.positions = positions  # [rows]: where row r's new token goes (row r = slot r)
+        self.rows = torch.arange(len(positions), device=positions.device)
+        self.kv_len = kv_len
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = []
+        for pool, dense, new in (
+            (self.k_pool[layer_idx], self.k_dense[layer_idx], key_states),
+            (self.v_pool[layer_idx], self.v_dense[layer_idx], value_states),
+        ):
+            token = new[:, :, 0]  # [rows, heads, dim]
+            pool[self.write_blocks, self.write_offsets] = token
+            dense[self.rows, :, self.positions] = token
+            out.append(dense[: len(self.rows), :, : self.kv_len])
+        return out[0], out[1]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.kv_len
+
+
+class _DecodeSlots:
+    """Dense per-row KV of the decoding sequences: ``[slots, kv_heads, capacity, head_dim]``
+    per layer, slot ``r`` holding positions ``0 … lengths[r]-1`` of sequence ``keys[r]``.
+    Never larger than ``limit_tokens`` slot-tokens (the pool's size)."""
+
+    # Never shrink below this many slot-tokens (times 4): small buffers aren't worth a copy.
+    shrink_floor = 1 << 12
+
+    def __init__(
+        self, layers: int, kv_heads: int, head_dim: int, block_size: int, limit_tokens: int
+    ) -> None:
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.block_size = block_size
+        self.limit_tokens = limit_tokens
+        self.release()
+
+    def release(self) -> None:
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.slots = self.capacity = 0
+        self.keys: list[Hashable | None] = []
+        self.lengths: list[int] = []
+
+    def place(self, items: Sequence[RunItem], pools: Pools, like: torch.Tensor) -> list[int] | None:
+        """Give every item a slot in ``0 … len(items)-1`` holding its KV before ``start`` and
+        return each item's slot; None (and nothing held) when the rows don't fit the limit."""
+        rows, need = len(items), max(it.start for it in items) + 1
+        size = self._size_for(rows, need)
+        if size is None:
+            self.release()
+            return None
+        slot, kept, loads = self._assign(items)
+        self._fit(size, rows, need, [(kept[i], slot[i]) for i in kept], like)
+        if loads:
+            self._load([items[i] for i in loads], [slot[i] for i in loads], pools)
+        self.keys = [None] * self.slots
+        self.lengths = [0] * self.slots
+        for i, it in enumerate(items):
+            self.keys[slot[i]] = it.row_key
+            self.lengths[slot[i]] = it.start + 1  # after this step's token is written
+        return slot
+
+    def _size_for(self, rows: int, need: int) -> tuple[int, int] | None:
+        """Slots and capacity for a new buffer. Rows join a few per step while prompts are
+        prefilled and contexts grow a token per step, so leave headroom (each regrowth copies
+        everything) as far as the limit allows."""
+        bs = self.block_size
+
+        def up(n: int) -> int:
+            return -(-n // bs) * bs
+
+        roomy = (max(8, -(-rows * 3 // 2)), up(need + max(4 * bs, need // 4)))
+        for slots, cap in (roomy, (rows, up(need + 4 * bs)), (rows, up(need))):
+            if slots * cap <= self.limit_tokens:
+                return slots, cap
+        return None
+
+    def _assign(self, items: Sequence[RunItem]) -> tuple[list[int], dict[int, int], list[int]]:
+        """Each item's slot, which items already hold a slot (item → that slot) and which
+        must be loaded from the pool. A held slot counts only if it has exactly the tokens
+        before the item's ``start``; held rows keep their slot when it is low enough."""
+        rows = len(items)
+        where = {key: s for s, key in enumerate(self.keys) if key is not None}
+        kept: dict[int, int] = {}
+        for i, it in enumerate(items):
+            s = where.get(it.row_key)
+            if s is not None and self.lengths[s] == it.start:
+                kept[i] = s
+        slot = [-1] * rows
+        for i, s in kept.items():
+            if s < rows:
+                slot[i] = s
+        taken = set(slot)
+        free = iter(s for s in range(rows) if s not in taken)
+        loads = []
+        for i in range(rows):
+            if slot[i] < 0:
+                slot[i] = next(free)
+                if i not in kept:
+                    loads.append(i)
+        return slot, kept, loads
+
+    def _fit(
+        self,
+        size: tuple[int, int],
+        rows: int,
+        need: int,
+        keep: list[tuple[int, int]],
+        like: torch.Tensor,
+    ) -> None:
+        """Make room for ``rows`` slots of ``need`` tokens, carrying the ``keep`` rows from
+        their old slot to their new one: in place, or into new buffers of ``size`` when the
+        old ones are too small or mostly idle."""
+        grow = rows > self.slots or need > self.capacity
+        shrink = self.slots * self.capacity > 4 * max(size[0] * size[1], self.shrink_floor)
+        moves = [(a, b) for a, b in keep if a != b]
+        dev = like.device
+        if not (grow or shrink):
+            if moves:
+                src = torch.tensor([a for a, _ in moves], device=dev)
+                dst = torch.tensor([b for _, b in moves], device=dev)
+                for buf in (*self.k, *self.v):
+                    buf[dst] = buf.index_select(0, src)
+            return
+        slots, cap = size
+        old = (self.k, self.v)
+        # Zeros, not empty: stale slots are masked out, but NaN garbage would leak through
+        # the value product (0 * NaN).
+        shape = (slots, self.kv_heads, cap, self.head_dim)
+        self.k = [torch.zeros(shape, dtype=like.dtype, device=dev) for _ in range(self.layers)]
+        self.v = [torch.zeros(shape, dtype=like.dtype, device=dev) for _ in range(self.layers)]
+        if keep:
+            src = torch.tensor([a for a, _ in keep], device=dev)
+            dst = torch.tensor([b for _, b in keep], device=dev)
+            n = min(cap, self.capacity)
+            for olds, news in zip(old, (self.k, self.v), strict=True):
+                for o, b in zip(olds, news, strict=True):
+                    b[dst, :, :n] = o.index_select(0, src)[:, :, :n]
+        self.slots, self.capacity = slots, cap
+
+    def _load(self, items: list[RunItem], slots: list[int], pools: Pools) -> None:
+        """Copy the items' KV before ``start`` from their pool blocks into their slots."""
+        bs = self.block_size
+        nblk = max(1, max(-(-it.start // bs) for it in items))
+        table = [
+            list(it.block_ids[:nblk]) + [0] * (nblk - len(it.block_ids[:nblk])) for it in items
+        ]
+        device = self.k[0].device
+        gather = torch.tensor(table, dtype=torch.long, device=device).view(-1)
+        dst = torch.tensor(slots, dtype=torch.long, device=device)
+        rows = len(items)
+        for pool_list, dense_list in ((pools[0], self.k), (pools[1], self.v)):
+            for pool, dense in zip(pool_list, dense_list, strict=True):
+                blocks = pool.index_select(0, gather)
+                blocks = blocks.view(rows, nblk * bs, self.kv_heads, self.head_dim)
+                # Positions past a row's start are stale, but masked and finite.
+                dense[dst, :, : nblk * bs] = blocks.transpose(1, 2)
 
 
 class ModelRunner:
@@ -91,43 +294,89 @@ class ModelRunner:
         self.bytes_per_token = (
             2 * cfg.num_hidden_layers * kv_heads * head_dim * param.element_size()
         )
+        self._slots = _DecodeSlots(
+            cfg.num_hidden_layers, kv_heads, head_dim, block_size, num_blocks * block_size
+        )
         self._decoder = model.get_decoder()
         self._lm_head = model.get_output_embeddings()
 
     @torch.inference_mode()
     def forward(self, items: Sequence[RunItem]) -> torch.Tensor:
         """Logits of the last token of each item, shape ``[len(items), vocab]``."""
+        if all(len(it.token_ids) == 1 and it.row_key is not None for it in items):
+            slot = self._slots.place(items, (self.k_pool, self.v_pool), self.k_pool[0])
+            if slot is not None:
+                return self._decode(items, slot)
+        return self._prefill(items)
+
+    def _decode(self, items: Sequence[RunItem], slot: list[int]) -> torch.Tensor:
+        """One new token per row, row ``slot[i]`` for item ``i``, attending over the rows'
+        dense slots."""
         dev, bs = self.device, self.block_size
-        q = max(len(it.token_ids) for it in items)
         rows = len(items)
+        order = [0] * rows  # order[s]: the item in slot s
+        for i, s in enumerate(slot):
+            order[s] = i
+        ids = [items[i].token_ids[0] for i in order]
+        pos = [items[i].start for i in order]
+        blocks = [items[i].block_ids[p // bs] for i, p in zip(order, pos, strict=True)]
+        # One host→device copy for all the small index vectors.
+        host = torch.tensor([ids, pos, blocks, [p % bs for p in pos]], dtype=torch.long)
+        ids_t, pos_t, blk_t, off_t = host.to(dev).unbind(0)
+        kv_len = max(pos) + 1
+        mask = torch.arange(kv_len, device=dev).view(1, 1, 1, -1) <= pos_t.view(rows, 1, 1, 1)
+        cache = _DenseCache(
+            (self.k_pool, self.v_pool),
+            (self._slots.k, self._slots.v),
+            blk_t,
+            off_t,
+            pos_t,
+            kv_len,
+        )
+        hidden = self._decoder(
+            input_ids=ids_t.view(rows, 1),
+            position_ids=pos_t.view(rows, 1),
+            attention_mask=mask,
+            cache=cache,
+            use_cache=True,
+        ).last_hidden_state
+        logits = self._lm_head(hidden[:, 0]).float()
+        return logits[torch.tensor(slot, device=dev)]
+
+    def _prefill(self, items: Sequence[RunItem]) -> torch.Tensor:
+        """Rows of several tokens each (any mix), padded to the longest."""
+        dev, bs = self.device, self.block_size
+        rows = len(items)
+        lens = [len(it.token_ids) for it in items]
+        starts = [it.start for it in items]
+        q = max(lens)
+        kv_len = max(s + n for s, n in zip(starts, lens, strict=True))
+        fresh = all(s == 0 for s in starts)
+        lens_t = torch.tensor(lens)
+        starts_t = torch.tensor(starts)
+        cols = torch.arange(q).view(1, -1)
+        valid = cols < lens_t.view(-1, 1)
         input_ids = torch.zeros((rows, q), dtype=torch.long)
-        positions = torch.zeros((rows, q), dtype=torch.long)
-        kv_len = max(it.start + len(it.token_ids) for it in items)
+        input_ids[valid] = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long)
+        # Padding queries repeat the row's last position; their outputs are never used.
+        positions = starts_t.view(-1, 1) + torch.minimum(cols, (lens_t - 1).view(-1, 1))
+        w_rows, w_cols = valid.nonzero(as_tuple=True)
+        w_pos = positions[w_rows, w_cols]
         nblk = -(-kv_len // bs)
-        gather = torch.zeros((rows, nblk), dtype=torch.long)
-        w_blocks, w_offs, w_rows, w_cols = [], [], [], []
-        for r, it in enumerate(items):
-            n = len(it.token_ids)
-            input_ids[r, :n] = torch.tensor(it.token_ids)
-            positions[r, :n] = torch.arange(it.start, it.start + n)
-            positions[r, n:] = it.start + n - 1
-            gather[r, : len(it.block_ids)] = torch.tensor(it.block_ids[:nblk])
-            for j in range(n):
-                p = it.start + j
-                w_blocks.append(it.block_ids[p // bs])
-                w_offs.append(p % bs)
-                w_rows.append(r)
-                w_cols.append(j)
+        table = torch.tensor(
+            [list(it.block_ids[:nblk]) + [0] * (nblk - len(it.block_ids[:nblk])) for it in items],
+            dtype=torch.long,
+        )
+        w_blocks = table[w_rows, w_pos // bs]
         # mask[r, 0, j, c]: query j of row r sees column c iff c <= its position.
-        cols = torch.arange(kv_len)
-        mask = cols.view(1, 1, 1, -1) <= positions.view(rows, 1, q, 1)
+        mask = torch.arange(kv_len).view(1, 1, 1, -1) <= positions.view(rows, 1, q, 1)
         cache = _PagedCache(
             (self.k_pool, self.v_pool),
-            torch.tensor(w_blocks, device=dev),
-            torch.tensor(w_offs, device=dev),
-            torch.tensor(w_rows, device=dev),
-            torch.tensor(w_cols, device=dev),
-            gather.to(dev),
+            w_blocks.to(dev),
+            (w_pos % bs).to(dev),
+            w_rows.to(dev),
+            w_cols.to(dev),
+            None if fresh else table.to(dev),
             kv_len,
         )
         hidden = self._decoder(
@@ -137,6 +386,6 @@ class ModelRunner:
             cache=cache,
             use_cache=True,
         ).last_hidden_state
-        last = torch.tensor([len(it.token_ids) - 1 for it in items], device=dev)
+        last = (lens_t - 1).to(dev)
         h = hidden[torch.arange(rows, device=dev), last]
         return self._lm_head(h).float()
