@@ -64,6 +64,9 @@ def cmd_worker(_: argparse.Namespace) -> None:
     setup_logging("worker", settings.log_level)
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
+    # The engine thread holds the GIL through the model's Python code; a short switch
+    # interval lets the event loop (Kafka intake, Redis publishing) in without waiting 5 ms.
+    sys.setswitchinterval(settings.gil_switch_interval_s)
     model, tokenizer = load_model(settings.model_dir, settings.device, settings.dtype)
     engine = Engine(
         model,

@@ -105,6 +105,13 @@ class GenerateRequest(Wire):
             raise ValueError("exactly one of 'prompt' and 'messages' must be given")
         return self
 
+    @property
+    def prompt_chars(self) -> int:
+        """Characters of the prompt or of all message contents."""
+        if self.messages is not None:
+            return sum(len(m.content) for m in self.messages)
+        return len(self.prompt or "")
+
     def with_seed(self) -> GenerateRequest:
         """This request with a seed set (a fresh one if the producer gave none)."""
         if self.sampling.seed is not None:

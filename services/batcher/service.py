@@ -28,7 +28,7 @@ from aiokafka.structs import ConsumerRecord
 from services.batcher.config import BatcherSettings
 from services.batcher.fair_queue import FairQueue, Queued
 from services.batcher.metrics import BatcherMetrics
-from services.batcher.routing import Router, WorkerView, partition_for
+from services.batcher.routing import Router, RoutingMode, WorkerView, partition_for
 from services.batcher.window import WindowPolicy
 from shared import registry, token_stream
 from shared.codec import DecodeError, decode, encode
@@ -61,7 +61,6 @@ class Pending:
     tp: TopicPartition
     offset: int
     request: GenerateRequest
-    hashes: list[int]
 
 
 @dataclass(slots=True)
@@ -206,33 +205,27 @@ class BatcherService:
         return req
 
     def _enqueue(self, tp: TopicPartition, offset: int, req: GenerateRequest, now: float) -> None:
-        hashes, prompt_tokens = self._affinity(req)
-        cost = prompt_tokens + req.sampling.max_tokens
+        # The fair queue's cost is a character-based token estimate: tokenizing happens
+        # only for what is dispatched (see _affinity), never for the whole backlog.
+        cost = req.prompt_chars // 4 + 1 + req.sampling.max_tokens
         prio = 0 if req.priority is Priority.INTERACTIVE else 1
-        self.queue.push(Queued(Pending(tp, offset, req, hashes), req.tenant, prio, cost, now))
+        self.queue.push(Queued(Pending(tp, offset, req), req.tenant, prio, cost, now))
         self._unacked[tp].add(offset)
 
-    def _affinity(self, req: GenerateRequest) -> tuple[list[int], int]:
-        """Leading block hashes (as the workers' prefix caches key them) and a prompt
-        token estimate. Only the head of the prompt is tokenized: routing needs no more."""
-        text = req.prompt
-        if req.messages is not None:
-            if self.tokenizer is None:
-                text = "".join(m.content for m in req.messages)
-            else:
-                msgs = [m.model_dump() for m in req.messages]
-                text = self.tokenizer.apply_chat_template(
-                    msgs, add_generation_prompt=True, tokenize=False
-                )
-        text = text or ""
-        estimate = len(text) // 4 + 1
+    def _affinity(self, req: GenerateRequest) -> list[int]:
+        """Leading block hashes of the prompt, as the workers' prefix caches key them.
+        Only the head of the prompt is tokenized: routing needs no more."""
         if self.tokenizer is None:
-            return [], estimate
-        add_special = req.messages is None
-        ids = self.tokenizer(text[:AFFINITY_CHARS], add_special_tokens=add_special)["input_ids"]
-        if len(text) <= AFFINITY_CHARS:
-            estimate = len(ids)
-        return block_hashes(ids, self.settings.block_size, AFFINITY_BLOCKS), estimate
+            return []
+        if req.messages is not None:
+            msgs = [m.model_dump() for m in req.messages]
+            text = self.tokenizer.apply_chat_template(
+                msgs, add_generation_prompt=True, tokenize=False
+            )
+            ids = self.tokenizer(text[:AFFINITY_CHARS], add_special_tokens=False)["input_ids"]
+        else:
+            ids = self.tokenizer((req.prompt or "")[:AFFINITY_CHARS])["input_ids"]
+        return block_hashes(ids, self.settings.block_size, AFFINITY_BLOCKS)
 
     def _expire(self, now: float) -> list[Rejected]:
         """Queued requests whose deadline passed while they waited."""
@@ -333,7 +326,9 @@ class BatcherService:
         for q in items:
             target = None
             if workers:
-                target = self.router.route(q.item.hashes, workers)
+                affine = self.router.mode is RoutingMode.AFFINITY
+                hashes = self._affinity(q.item.request) if affine else []
+                target = self.router.route(hashes, workers)
                 target.free_slots -= 1
                 target.free_tokens -= q.cost
                 self._sent[target.worker_id].append((now, 1, q.cost))

@@ -51,7 +51,9 @@ class WorkerMetrics:
             "tw_preemptions", "sequences preempted for KV memory", registry=r
         )
         self.prefilled = Counter(
-            "tw_prefill_tokens", "prompt tokens computed (not served by the prefix cache)", registry=r
+            "tw_prefill_tokens",
+            "prompt tokens computed (not served by the prefix cache)",
+            registry=r,
         )
         self.running = Gauge("tw_requests_running", "sequences running in the engine", registry=r)
         self.waiting = Gauge("tw_requests_waiting", "sequences waiting in the engine", registry=r)

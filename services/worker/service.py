@@ -255,7 +255,7 @@ class WorkerService:
             # Short prompts are tokenized inline (well under a millisecond): a thread hop
             # would wait for the GIL behind the engine's step. Long ones go to a thread so
             # the event loop never stalls on them.
-            if _prompt_chars(req) <= INLINE_TOKENIZE_CHARS:
+            if req.prompt_chars <= INLINE_TOKENIZE_CHARS:
                 ids = prompt_token_ids(self.tokenizer, req)
             else:
                 ids = await asyncio.to_thread(prompt_token_ids, self.tokenizer, req)
@@ -263,6 +263,11 @@ class WorkerService:
             await self._fail(req, "invalid_request", f"cannot tokenize the prompt: {exc}")
             return
         self.metrics.started(req)
+        log.debug(
+            "started %.1f ms after creation",
+            (time.time() - req.created_at) * 1000,
+            extra={"request_id": req.request_id},
+        )
         self.streams[req.request_id] = StreamState(req, skip_upto=skip_upto)
         self.partition_of[req.request_id] = partition
         sp = req.sampling
@@ -439,9 +444,3 @@ class WorkerService:
 def _last_seq(entries: list[Any] | None) -> int:
     """The seq of the newest replay-log entry (from XREVRANGE count=1), or -1."""
     return token_stream.seq_of(entries[0][0]) if entries else -1
-
-
-def _prompt_chars(req: GenerateRequest) -> int:
-    if req.messages is not None:
-        return sum(len(m.content) for m in req.messages)
-    return len(req.prompt or "")
