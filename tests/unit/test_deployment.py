@@ -53,7 +53,12 @@ def test_dashboard_and_scrape_config_name_only_real_metrics() -> None:
         for fam in reg.collect():
             exposed |= {s.name for s in fam.samples} | {fam.name + "_total", fam.name}
     dash = json.loads((ROOT / "infra/grafana/dashboards/tokenwire.json").read_text())
-    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"tw_[a-z0-9_]+", t["expr"])}
+    used = {
+        m
+        for p in dash["panels"]
+        for t in p["targets"]
+        for m in re.findall(r"tw_[a-z0-9_]+", t["expr"])
+    }
     assert used, "the dashboard queries tokenwire metrics"
     assert used <= exposed, sorted(used - exposed)
     scrape = yaml.safe_load((ROOT / "infra/prometheus/prometheus.yml").read_text())
