@@ -9,12 +9,15 @@ small KV budget, prefix affinity versus round-robin: prefix-cache hit rate and t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import statistics
 import time
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +41,24 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
 
 
+@dataclass
+class Run:
+    stack: Stack
+    batcher: BatcherService
+    producer: AIOKafkaProducer
+    recorder: StreamRecorder
+
+
 class Bench:
     def __init__(self, env: dict[str, str], model_dir: str, log_dir: Path) -> None:
         self.env, self.model_dir, self.log_dir = env, model_dir, log_dir
 
+    @contextlib.asynccontextmanager
     async def cluster(
         self, tag: str, routing: RoutingMode, workers: int, **worker_env: str
-    ) -> tuple[Stack, BatcherService]:
+    ) -> AsyncIterator[Run]:
+        """Worker processes, an in-process batcher, a producer and a stream recorder; all
+        stopped on exit."""
         stack = make_stack(
             f"bench-{tag}-{uuid.uuid4().hex[:6]}", self.env, self.model_dir, self.log_dir
         )
@@ -58,37 +72,39 @@ class Bench:
             stack.env, routing=routing, model_dir=self.model_dir, batcher_id=f"{stack.prefix}-b"
         )
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
-        return stack, BatcherService(settings, tokenizer)
-
-    async def window(self) -> dict[str, Any]:
-        stack, batcher = await self.cluster("window", RoutingMode.AFFINITY, 1)
+        batcher = BatcherService(settings, tokenizer)
         task = asyncio.create_task(batcher.run())
         producer = AIOKafkaProducer(bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"], acks="all")
         await producer.start()
         try:
             async with StreamRecorder(stack.env["TW_REDIS_URL"], stack.names) as rec:
-                await asyncio.sleep(1.0)
-                ttft = []
-                for i in range(40):  # low load: one at a time, the worker always has room
-                    req = _request(f"low {i} " + " ".join(random.choices(WORDS, k=8)), 4)
-                    t0 = time.time()
-                    await producer.send_and_wait(stack.names.requests, encode(req))
-                    await rec.wait_finished({req.request_id}, within_s=30, stack=stack)
-                    ttft.append((rec.first_at[req.request_id] - t0) * 1000)
-                low_waits = list(batcher.window_waits_ms)
-                low_handoff = list(batcher.handoff_ms)
-                batcher.batch_sizes.clear()
-                burst = [_request(" ".join(random.choices(WORDS, k=12)), 16) for _ in range(400)]
-                futs = [await producer.send(stack.names.requests, encode(r)) for r in burst]
-                await asyncio.gather(*futs)
-                await rec.wait_finished({r.request_id for r in burst}, within_s=300, stack=stack)
-                load_waits = list(batcher.window_waits_ms)[len(low_waits) :]
-                sizes = list(batcher.batch_sizes)
+                await asyncio.sleep(1.0)  # the batcher joins its group
+                yield Run(stack, batcher, producer, rec)
         finally:
             await producer.stop()
             batcher.stop()
             await task
             stack.stop_all()
+
+    async def window(self) -> dict[str, Any]:
+        async with self.cluster("window", RoutingMode.AFFINITY, 1) as run:
+            stack, batcher, producer, rec = run.stack, run.batcher, run.producer, run.recorder
+            ttft = []
+            for i in range(40):  # low load: one at a time, the worker always has room
+                req = _request(f"low {i} " + " ".join(random.choices(WORDS, k=8)), 4)
+                t0 = time.time()
+                await producer.send_and_wait(stack.names.requests, encode(req))
+                await rec.wait_finished({req.request_id}, within_s=30, stack=stack)
+                ttft.append((rec.first_at[req.request_id] - t0) * 1000)
+            low_waits = list(batcher.window_waits_ms)
+            low_handoff = list(batcher.handoff_ms)
+            batcher.batch_sizes.clear()
+            burst = [_request(" ".join(random.choices(WORDS, k=12)), 16) for _ in range(400)]
+            futs = [await producer.send(stack.names.requests, encode(r)) for r in burst]
+            await asyncio.gather(*futs)
+            await rec.wait_finished({r.request_id for r in burst}, within_s=300, stack=stack)
+            load_waits = list(batcher.window_waits_ms)[len(low_waits) :]
+            sizes = list(batcher.batch_sizes)
         return {
             "low_load_batcher_wait_ms_p50": statistics.median(low_waits),
             "low_load_batcher_wait_ms_p99": _pct(low_waits, 0.99),
@@ -113,33 +129,23 @@ class Bench:
             for j in range(per_prefix)
         ]
         rng.shuffle(reqs)
-        stack, batcher = await self.cluster(
+        async with self.cluster(
             mode.value, mode, 2, TW_KV_BUDGET_TOKENS="3072", TW_MAX_RUNNING="8"
-        )
-        task = asyncio.create_task(batcher.run())
-        producer = AIOKafkaProducer(bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"], acks="all")
-        await producer.start()
-        try:
-            async with StreamRecorder(stack.env["TW_REDIS_URL"], stack.names) as rec:
-                await asyncio.sleep(1.0)
-                t0 = time.time()
-                pending = list(reqs)
-                inflight: set[str] = set()
-                while pending or inflight:
-                    inflight -= rec.finished()
-                    while pending and len(inflight) < concurrency:
-                        r = pending.pop()
-                        await producer.send_and_wait(stack.names.requests, encode(r))
-                        inflight.add(r.request_id)
-                    await asyncio.sleep(0.01)
-                    stack.check_alive()
-                wall = time.time() - t0
-                finals = [rec.stream(r.request_id)[-1] for r in reqs]
-        finally:
-            await producer.stop()
-            batcher.stop()
-            await task
-            stack.stop_all()
+        ) as run:
+            stack, producer, rec = run.stack, run.producer, run.recorder
+            t0 = time.time()
+            pending = list(reqs)
+            inflight: set[str] = set()
+            while pending or inflight:
+                inflight -= rec.finished()
+                while pending and len(inflight) < concurrency:
+                    r = pending.pop()
+                    await producer.send_and_wait(stack.names.requests, encode(r))
+                    inflight.add(r.request_id)
+                await asyncio.sleep(0.01)
+                stack.check_alive()
+            wall = time.time() - t0
+            finals = [rec.stream(r.request_id)[-1] for r in reqs]
         prompt = sum(f.usage.prompt_tokens for f in finals if f.usage)
         cached = sum(f.usage.cached_tokens for f in finals if f.usage)
         completion = sum(f.usage.completion_tokens for f in finals if f.usage)

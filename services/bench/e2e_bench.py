@@ -291,6 +291,11 @@ def engine_closed_loop(engine: Any, jobs: list[tuple[list[int], int]], concurren
     return produced / (time.perf_counter() - t0)
 
 
+def _save(fig: Any, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
 def plot(report: dict[str, Any], folder: Path) -> list[Path]:
     import matplotlib
 
@@ -321,8 +326,7 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
         xscale="log",
     )
     ax.legend()
-    paths.append(folder / "throughput_vs_concurrency.png")
-    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    paths.append(_save(fig, folder / "throughput_vs_concurrency.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
         cdf = r["ttft_cdf_ms"]
@@ -336,8 +340,7 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
         xscale="log",
     )
     ax.legend()
-    paths.append(folder / "ttft_cdf.png")
-    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    paths.append(_save(fig, folder / "ttft_cdf.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     ol = report["open_loop"]
     for q in ("p50", "p95", "p99"):
@@ -351,8 +354,7 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
         title="Latency vs offered load",
     )
     ax.legend()
-    paths.append(folder / "latency_vs_load.png")
-    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    paths.append(_save(fig, folder / "latency_vs_load.png"))
     plt.close("all")
     return paths
 

@@ -6,7 +6,7 @@ the request's validation (and shows in the OpenAPI schema), never an error furth
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,6 +57,22 @@ class _Common(BaseModel):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def request_input(self) -> dict[str, Any]:
+        """The prompt or the messages, as GenerateRequest fields."""
+        raise NotImplementedError
+
+    def to_request(self, request_id: str, tenant: str, max_tokens: int) -> GenerateRequest:
+        """The wire request for this body, its seed fixed now."""
+        return GenerateRequest(
+            request_id=request_id,
+            tenant=tenant,
+            priority=self.priority,
+            model=self.model,
+            sampling=self.sampling(max_tokens),
+            stream=self.stream,
+            **self.request_input(),
+        ).with_seed()
+
     def sampling(self, max_tokens: int) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(
@@ -78,16 +94,8 @@ class CompletionBody(_Common):
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
-    def to_request(self, request_id: str, tenant: str, max_tokens: int) -> GenerateRequest:
-        return GenerateRequest(
-            request_id=request_id,
-            tenant=tenant,
-            priority=self.priority,
-            model=self.model,
-            prompt=self.prompt_text(),
-            sampling=self.sampling(max_tokens),
-            stream=self.stream,
-        ).with_seed()
+    def request_input(self) -> dict[str, Any]:
+        return {"prompt": self.prompt_text()}
 
 
 class TextPart(BaseModel):
@@ -120,13 +128,5 @@ class ChatBody(_Common):
     def wire_messages(self) -> list[ChatMessage]:
         return [m.to_wire() for m in self.messages]
 
-    def to_request(self, request_id: str, tenant: str, max_tokens: int) -> GenerateRequest:
-        return GenerateRequest(
-            request_id=request_id,
-            tenant=tenant,
-            priority=self.priority,
-            model=self.model,
-            messages=self.wire_messages(),
-            sampling=self.sampling(max_tokens),
-            stream=self.stream,
-        ).with_seed()
+    def request_input(self) -> dict[str, Any]:
+        return {"messages": self.wire_messages()}
