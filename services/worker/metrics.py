@@ -55,6 +55,10 @@ class WorkerMetrics:
             "prompt tokens computed (not served by the prefix cache)",
             registry=r,
         )
+        self.steps = Counter("tw_engine_steps", "engine steps (one forward pass each)", registry=r)
+        self.busy = Counter(
+            "tw_engine_busy_seconds", "time the engine spent in steps (utilization)", registry=r
+        )
         self.running = Gauge("tw_requests_running", "sequences running in the engine", registry=r)
         self.waiting = Gauge("tw_requests_waiting", "sequences waiting in the engine", registry=r)
         self.kv_usage = Gauge("tw_kv_cache_usage_ratio", "share of KV blocks in use", registry=r)
@@ -65,6 +69,8 @@ class WorkerMetrics:
         self.info.labels(**lbl).set(1)
         self._preempted_seen = 0
         self._prefilled_seen = 0
+        self._steps_seen = 0
+        self._busy_seen = 0.0
         self._last_event: dict[str, float] = {}
 
     def started(self, req: GenerateRequest) -> None:
@@ -97,4 +103,8 @@ class WorkerMetrics:
         self._preempted_seen = stats.preemptions
         self.prefilled.inc(stats.prefilled_tokens - self._prefilled_seen)
         self._prefilled_seen = stats.prefilled_tokens
+        self.steps.inc(stats.steps - self._steps_seen)
+        self._steps_seen = stats.steps
+        self.busy.inc(stats.step_seconds - self._busy_seen)
+        self._busy_seen = stats.step_seconds
         self.lag.set(lag)

@@ -29,6 +29,8 @@ WORKER = [
     "tw_prompt_tokens_total",
     "tw_generation_tokens_total",
     "tw_prefix_cache_hit_tokens_total",
+    "tw_engine_steps_total",
+    "tw_engine_busy_seconds_total",
 ]
 BATCHER = [
     "tw_batcher_batch_size_count",
