@@ -270,6 +270,11 @@ def cmd_bench_e2e(args: argparse.Namespace) -> None:
     cfg = QUICK if args.quick else E2EConfig()
     if args.concurrency:
         cfg.concurrencies = tuple(int(c) for c in args.concurrency.split(","))
+    if args.rounds:
+        cfg.rounds = args.rounds
+    if args.output_tokens:
+        lo, hi = (int(x) for x in args.output_tokens.split(","))
+        cfg.workload.output_tokens = (lo, hi)
     run(env, model_dir, f"tokenwire-{args.preset}", cfg, Path(args.out))
 
 
@@ -328,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--preset", default="small")
     e2e.add_argument("--model-dir", default="")
     e2e.add_argument("--concurrency", default="", help="e.g. 1,8,32")
+    e2e.add_argument("--rounds", type=int, default=0, help="pipeline/baseline rounds per level")
+    e2e.add_argument("--output-tokens", default="", help="output length range, e.g. 16,64")
     e2e.add_argument("--quick", action="store_true", help="a smoke configuration (CI)")
     e2e.add_argument("--out", default="reports/e2e")
     e2e.set_defaults(fn=cmd_bench_e2e)

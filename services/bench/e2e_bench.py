@@ -4,10 +4,15 @@ A local cluster (edge, batcher, worker on one model) is driven closed-loop (N co
 clients over HTTP SSE through the edge) and open-loop (Poisson arrivals published straight
 to Kafka). The workload mixes shared system prompts, prompt and output lengths, and
 interactive/bulk priorities. Reported: TTFT, inter-token and end-to-end latency
-p50/p95/p99, tokens/s and requests/s, batch sizes, prefix-cache hit rate, and the time each
-stage adds (Kafka + batcher, engine, Redis relay) from the services' own metrics. Baselines
-in the same run: the engine alone in-process at the same concurrency, and Hugging Face
-``generate`` one request at a time. Writes ``report.json`` and PNG plots.
+p50/p95/p99, tokens/s and requests/s, batch sizes, prefix-cache hit rate, the engine's busy
+share, and the time each stage adds (Kafka + batcher, engine, Redis relay) from the
+services' own metrics.
+
+Baselines, in the same run and on the same requests: the engine alone in-process (no Kafka,
+Redis or HTTP) at the same concurrency, and Hugging Face ``generate`` one request at a time.
+A shared machine's speed drifts by tens of percent within minutes, so each level runs in
+rounds that alternate pipeline and baselines, and ratios are medians of per-round ratios.
+Writes ``report.json`` and PNG plots.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import random
 import statistics
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +49,7 @@ class Workload:
     system_prompts: int = 4
     system_words: int = 120
     prompt_words: tuple[int, int] = (8, 64)
-    output_tokens: tuple[int, int] = (16, 64)
+    output_tokens: tuple[int, int] = (32, 256)  # chat-like: answers longer than questions
     bulk_share: float = 0.1
     seed: int = 0
 
@@ -52,11 +57,13 @@ class Workload:
 @dataclass
 class E2EConfig:
     concurrencies: tuple[int, ...] = (1, 8, 32)
-    requests_per_level: int = 64
+    requests_per_stream: int = 3  # closed loop: each level sends max(min_requests, this x N)
+    min_requests: int = 8
+    rounds: int = 3  # pipeline and baselines alternate this many times per level
     rates: tuple[float, ...] = (2.0, 8.0)  # open loop, requests/s
     open_seconds: float = 8.0
     workload: Workload = field(default_factory=Workload)
-    baseline_serial_requests: int = 2
+    serial_requests: int = 4  # requests HF generate runs one at a time, per round
 
 
 class Mix:
@@ -130,16 +137,17 @@ async def sse_request(client: httpx.AsyncClient, url: str, body: dict[str, Any])
 
 
 async def closed_loop(
-    stack: Stack, mix: Mix, concurrency: int, n: int, model: str
-) -> dict[str, Any]:
+    stack: Stack, bodies: list[dict[str, Any]], concurrency: int, model: str
+) -> tuple[list[Sample], float]:
+    """``concurrency`` clients send ``bodies`` (from the end) one after another; the samples
+    and the wall time."""
     url = stack.url() + "/v1/completions"
-    bodies = [{**mix.body(), "model": model} for _ in range(n)]
     samples: list[Sample] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(
         timeout=300, limits=limits, headers=stack.auth_headers()
     ) as client:
-        queue = list(bodies)
+        queue = [{**b, "model": model} for b in bodies]
 
         async def client_loop() -> None:
             while queue:
@@ -147,20 +155,16 @@ async def closed_loop(
 
         t0 = time.perf_counter()
         await asyncio.gather(*(client_loop() for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
-    return _stats(samples, wall) | {"concurrency": concurrency}
+        return samples, time.perf_counter() - t0
 
 
-def _stats(samples: list[Sample], wall: float) -> dict[str, Any]:
-    toks = sum(s.tokens for s in samples)
+def _latency(samples: list[Sample]) -> dict[str, Any]:
     prompt = sum(s.prompt_tokens for s in samples)
     return {
         "requests": len(samples),
         "ttft_ms": {k: v * 1000 for k, v in summary([s.ttft for s in samples]).items()},
         "itl_ms": {k: v * 1000 for k, v in summary([x for s in samples for x in s.itl]).items()},
         "e2e_ms": {k: v * 1000 for k, v in summary([s.e2e for s in samples]).items()},
-        "tok_s": toks / wall,
-        "req_s": len(samples) / wall,
         "prefix_hit_rate": sum(s.cached_tokens for s in samples) / max(1, prompt),
         "ttft_cdf_ms": sorted(s.ttft * 1000 for s in samples),
     }
@@ -249,46 +253,55 @@ async def stage_times(stack: Stack) -> dict[str, Any]:
     }
 
 
-def baselines(
-    model_dir: str, mix: Mix, concurrencies: tuple[int, ...], n: int, serial: int
-) -> dict[str, Any]:
-    """The engine alone (no Kafka, Redis or HTTP) driven closed-loop like the pipeline, on
-    the same request mix, and ``generate`` one request at a time."""
-    from services.bench.engine_bench import hf_serial
-    from services.worker.engine.engine import Engine, EngineConfig
-    from services.worker.loader import load_model
+class Baselines:
+    """The engine alone, in this process (no Kafka, Redis or HTTP), and HF ``generate``
+    one request at a time, on the same model and requests as the pipeline."""
 
-    model, tok = load_model(model_dir)
-    bodies = [mix.body() for _ in range(n)]
-    jobs = [(tok(b["prompt"])["input_ids"], b["max_tokens"]) for b in bodies]
-    new = round(statistics.fmean(m for _, m in jobs))
-    out: dict[str, Any] = {
-        "serial_generate_tok_s": hf_serial(model, [p for p, _ in jobs[:serial]], new)
-    }
-    engine = Engine(model, tok, EngineConfig(kv_budget_tokens=65_536, max_running=64))
-    for c in concurrencies:
-        out[f"engine_alone_tok_s_c{c}"] = engine_closed_loop(engine, jobs, c)
-    return out
+    def __init__(self, model_dir: str) -> None:
+        from services.worker.engine.engine import Engine, EngineConfig
+        from services.worker.loader import load_model
 
+        self.model, self.tokenizer = load_model(model_dir)
+        self.engine = Engine(
+            self.model, self.tokenizer, EngineConfig(kv_budget_tokens=65_536, max_running=64)
+        )
 
-def engine_closed_loop(engine: Any, jobs: list[tuple[list[int], int]], concurrency: int) -> float:
-    """tokens/s of the engine with ``concurrency`` requests kept in flight."""
-    from services.worker.engine.engine import EngineRequest
+    def jobs(self, bodies: list[dict[str, Any]]) -> list[tuple[list[int], int]]:
+        return [(self.tokenizer(b["prompt"])["input_ids"], b["max_tokens"]) for b in bodies]
 
-    queue = list(jobs)
-    inflight = produced = 0
-    t0 = time.perf_counter()
-    while queue or engine.has_work:
-        while queue and inflight < concurrency:
-            prompt, max_tokens = queue.pop()
-            engine.add_request(
-                EngineRequest(uuid.uuid4().hex, prompt, max_tokens=max_tokens, ignore_eos=True)
-            )
-            inflight += 1
-        for o in engine.step():
-            produced += len(o.token_ids)
-            inflight -= o.finish is not None
-    return produced / (time.perf_counter() - t0)
+    def engine_closed_loop(
+        self, bodies: list[dict[str, Any]], concurrency: int
+    ) -> tuple[float, list[float]]:
+        """tokens/s with ``concurrency`` requests kept in flight (taken from the end, as the
+        pipeline's clients do), and each request's time from submission to first token."""
+        from services.worker.engine.engine import EngineRequest
+
+        engine, queue = self.engine, self.jobs(bodies)
+        inflight = produced = 0
+        added: dict[str, float] = {}
+        ttft: list[float] = []
+        t0 = time.perf_counter()
+        while queue or engine.has_work:
+            while queue and inflight < concurrency:
+                prompt, max_tokens = queue.pop()
+                rid = uuid.uuid4().hex
+                engine.add_request(
+                    EngineRequest(rid, prompt, max_tokens=max_tokens, ignore_eos=True)
+                )
+                added[rid] = time.perf_counter()
+                inflight += 1
+            for o in engine.step():
+                if o.request_id in added and o.token_ids:
+                    ttft.append(time.perf_counter() - added.pop(o.request_id))
+                produced += len(o.token_ids)
+                inflight -= o.finish is not None
+        return produced / (time.perf_counter() - t0), ttft
+
+    def serial_generate(self, bodies: list[dict[str, Any]]) -> float:
+        from services.bench.engine_bench import hf_serial
+
+        jobs = self.jobs(bodies)
+        return hf_serial(self.model, [p for p, _ in jobs], [n for _, n in jobs])
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -359,9 +372,46 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
     return paths
 
 
+async def _engine_counters(stack: Stack) -> tuple[float, float]:
+    """The worker's engine busy seconds and steps so far."""
+    m = await scrape(f"http://127.0.0.1:{stack.metrics_ports['worker']}/metrics")
+    return m.get("tw_engine_busy_seconds_total", 0.0), m.get("tw_engine_steps_total", 0.0)
+
+
+async def _round(
+    stack: Stack, base: Baselines, bodies: list[dict[str, Any]], c: int, model: str, serial: int
+) -> tuple[list[Sample], dict[str, Any]]:
+    """The pipeline, then the engine alone (and ``generate`` when ``serial``) on ``bodies``."""
+    busy0, steps0 = await _engine_counters(stack)
+    samples, wall = await closed_loop(stack, bodies, c, model)
+    await asyncio.sleep(0.5)  # the worker's counters refresh when requests finish
+    busy1, steps1 = await _engine_counters(stack)
+    tok_s = sum(x.tokens for x in samples) / wall
+    engine_tok_s, engine_ttft = base.engine_closed_loop(bodies, c)
+    row = {
+        "tok_s": tok_s,
+        "req_s": len(samples) / wall,
+        "engine_busy_share": (busy1 - busy0) / wall,
+        "engine_steps": steps1 - steps0,
+        "engine_alone_tok_s": engine_tok_s,
+        "engine_alone_ttft_p50_ms": pct(engine_ttft, 0.5) * 1000,
+        "ttft_p50_ms": pct([x.ttft for x in samples], 0.5) * 1000,
+        "vs_engine_alone": tok_s / engine_tok_s,
+    }
+    if serial:
+        row["serial_generate_tok_s"] = base.serial_generate(bodies[:serial])
+        row["vs_serial_generate"] = tok_s / row["serial_generate_tok_s"]
+    return samples, row
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
 async def measure(
     env: dict[str, str], model_dir: str, model_name: str, cfg: E2EConfig, log_dir: Path
 ) -> dict[str, Any]:
+    base = Baselines(model_dir)  # on this thread, which then runs the engine alone
     stack = make_stack(f"e2e-{uuid.uuid4().hex[:6]}", env, model_dir, log_dir)
     stack.env.update(
         TW_MODEL_NAME=model_name,
@@ -374,32 +424,72 @@ async def measure(
     stack.start("batcher")
     stack.start("edge")
     report: dict[str, Any] = {"model": model_dir, "config": asdict(cfg)}
+    top = max(cfg.concurrencies)
     try:
         await stack.wait_ready()
-        mix = Mix(cfg.workload)
-        await closed_loop(stack, mix, 2, 4, model_name)  # warm-up
+        warm = [Mix(cfg.workload).body() for _ in range(4)]
+        await closed_loop(stack, warm, 2, model_name)
+        base.engine_closed_loop(warm, 2)
         report["closed_loop"] = []
         for c in cfg.concurrencies:
-            row = await closed_loop(stack, mix, c, max(cfg.requests_per_level, c), model_name)
-            report["closed_loop"].append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "ttft_cdf_ms"}))
-        report["open_loop"] = [await open_loop(stack, mix, r, cfg.open_seconds) for r in cfg.rates]
+            n = max(cfg.min_requests, cfg.requests_per_stream * c)
+            pooled: list[Sample] = []
+            rounds = []
+            for r in range(cfg.rounds):
+                mix = Mix(replace(cfg.workload, seed=cfg.workload.seed + 1000 * c + r))
+                bodies = [mix.body() for _ in range(n)]
+                serial = cfg.serial_requests if c == top else 0
+                samples, row = await _round(stack, base, bodies, c, model_name, serial)
+                pooled += samples
+                rounds.append(row)
+                print(json.dumps({"concurrency": c, "round": r, **row}), flush=True)
+            level = {"concurrency": c, "rounds": rounds, **_latency(pooled)}
+            for key in ("tok_s", "req_s", "engine_busy_share", "engine_alone_tok_s"):
+                level[key] = _median(rounds, key)
+            level["vs_engine_alone"] = _median(rounds, "vs_engine_alone")
+            report["closed_loop"].append(level)
+        report["open_loop"] = [
+            await open_loop(stack, Mix(cfg.workload), r, cfg.open_seconds) for r in cfg.rates
+        ]
         for r in report["open_loop"]:
             print(json.dumps(r))
         report["stages"] = await stage_times(stack)
         print(json.dumps(report["stages"]))
     finally:
         stack.stop_all()
+    rows = {row["concurrency"]: row for row in report["closed_loop"]}
+    top_rounds = rows[top]["rounds"]
+    report["baselines"] = {
+        "serial_generate_tok_s": _median(top_rounds, "serial_generate_tok_s"),
+        **{f"engine_alone_tok_s_c{c}": row["engine_alone_tok_s"] for c, row in rows.items()},
+    }
+    report["ratios"] = {
+        "pipeline_vs_engine_alone": _median(top_rounds, "vs_engine_alone"),
+        "pipeline_vs_serial_generate": _median(top_rounds, "vs_serial_generate"),
+    }
+    low = rows[min(cfg.concurrencies)]["rounds"]
+    report["low_load"] = {
+        "concurrency": min(cfg.concurrencies),
+        "ttft_p50_ms": _median(low, "ttft_p50_ms"),
+        "engine_alone_ttft_p50_ms": _median(low, "engine_alone_ttft_p50_ms"),
+        # Per round: the pipeline's TTFT p50 minus the engine's own (its prefill and first
+        # sample) on the same requests.
+        "added_ttft_p50_ms": statistics.median(
+            r["ttft_p50_ms"] - r["engine_alone_ttft_p50_ms"] for r in low
+        ),
+    }
     return report
 
 
 QUICK = E2EConfig(
     concurrencies=(1, 4),
-    requests_per_level=8,
+    requests_per_stream=2,
+    min_requests=4,
+    rounds=1,
     rates=(4.0,),
     open_seconds=2.0,
     workload=Workload(system_words=40, prompt_words=(4, 16), output_tokens=(4, 8)),
-    baseline_serial_requests=1,
+    serial_requests=1,
 )
 
 
@@ -408,20 +498,6 @@ def run(
 ) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     report = asyncio.run(measure(env, model_dir, model_name, cfg, folder))
-    max_c = max(cfg.concurrencies)
-    report["baselines"] = baselines(
-        model_dir,
-        Mix(cfg.workload),
-        cfg.concurrencies,
-        max(cfg.requests_per_level, max_c),
-        cfg.baseline_serial_requests,
-    )
-    top = next(r for r in report["closed_loop"] if r["concurrency"] == max_c)
-    base = report["baselines"]
-    report["ratios"] = {
-        "pipeline_vs_engine_alone": top["tok_s"] / base[f"engine_alone_tok_s_c{max_c}"],
-        "pipeline_vs_serial_generate": top["tok_s"] / base["serial_generate_tok_s"],
-    }
     report["plots"] = [str(p) for p in plot(report, folder)]
     (folder / "report.json").write_text(json.dumps(report, indent=2))
     print_table(report)
@@ -430,19 +506,30 @@ def run(
 
 def print_table(report: dict[str, Any]) -> None:
     print(
-        "\n| streams | tok/s | req/s | TTFT p50/p95/p99 ms | ITL p50/p99 ms | e2e p50/p99 ms | prefix hits |"
+        "\n| streams | tok/s | engine alone tok/s | pipeline / engine | engine busy | req/s "
+        "| TTFT p50/p95/p99 ms | ITL p50/p99 ms | e2e p50/p99 ms | prefix hits |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in report["closed_loop"]:
         t, i, e = r["ttft_ms"], r["itl_ms"], r["e2e_ms"]
         print(
-            f"| {r['concurrency']} | {r['tok_s']:.0f} | {r['req_s']:.1f} | {t['p50']:.0f} / {t['p95']:.0f} / {t['p99']:.0f} | "
-            f"{i['p50']:.1f} / {i['p99']:.1f} | {e['p50']:.0f} / {e['p99']:.0f} | {r['prefix_hit_rate']:.0%} |"
+            f"| {r['concurrency']} | {r['tok_s']:.0f} | {r['engine_alone_tok_s']:.0f} "
+            f"| {r['vs_engine_alone']:.0%} | {r['engine_busy_share']:.0%} | {r['req_s']:.1f} "
+            f"| {t['p50']:.0f} / {t['p95']:.0f} / {t['p99']:.0f} "
+            f"| {i['p50']:.1f} / {i['p99']:.1f} | {e['p50']:.0f} / {e['p99']:.0f} "
+            f"| {r['prefix_hit_rate']:.0%} |"
         )
-    ra, b, s = report["ratios"], report["baselines"], report["stages"]
+    ra, b, s, lo = report["ratios"], report["baselines"], report["stages"], report["low_load"]
+    top = max(report["config"]["concurrencies"])
     print(
-        f"\npipeline at {max(report['config']['concurrencies'])} streams: {ra['pipeline_vs_engine_alone']:.0%} of the engine alone, "
-        f"{ra['pipeline_vs_serial_generate']:.1f}x HF generate one at a time ({b['serial_generate_tok_s']:.0f} tok/s)"
+        f"\npipeline at {top} streams (median of per-round ratios): "
+        f"{ra['pipeline_vs_engine_alone']:.0%} of the engine alone, "
+        f"{ra['pipeline_vs_serial_generate']:.1f}x HF generate one at a time "
+        f"({b['serial_generate_tok_s']:.0f} tok/s)"
+    )
+    print(
+        f"low load ({lo['concurrency']} stream): TTFT p50 {lo['ttft_p50_ms']:.1f} ms, the engine's "
+        f"own {lo['engine_alone_ttft_p50_ms']:.1f} ms: +{lo['added_ttft_p50_ms']:.1f} ms"
     )
     print(
         f"stages (mean): {json.dumps({k: v for k, v in s.items() if k != 'batch_size_cumulative'})}"

@@ -64,14 +64,15 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-def hf_serial(model: Any, prompts: list[list[int]], new: int) -> float:
-    """tokens/s of ``generate`` one request at a time."""
+def hf_serial(model: Any, prompts: list[list[int]], new: int | list[int]) -> float:
+    """tokens/s of ``generate`` one request at a time (``new`` tokens each, or per prompt)."""
+    lengths = new if isinstance(new, list) else [new] * len(prompts)
 
     def run() -> None:
-        for p in prompts:
-            model.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False, eos_token_id=[])
+        for p, n in zip(prompts, lengths, strict=True):
+            model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=[])
 
-    return len(prompts) * new / _timed(run)
+    return sum(lengths) / _timed(run)
 
 
 def hf_static(model: Any, prompts: list[list[int]], new: int) -> float:

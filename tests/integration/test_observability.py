@@ -139,6 +139,8 @@ def test_bench_e2e_smoke_reports_every_figure(
         for key in ("ttft_ms", "itl_ms", "e2e_ms"):
             assert set(row[key]) == {"p50", "p95", "p99"}
         assert row["tok_s"] > 0 and row["req_s"] > 0 and 0 <= row["prefix_hit_rate"] <= 1
+        assert row["engine_alone_tok_s"] > 0 and 0 < row["engine_busy_share"] <= 1.05
+        assert row["rounds"] and all(r["vs_engine_alone"] > 0 for r in row["rounds"])
     assert report["open_loop"] and all(r["e2e_ms"]["p50"] > 0 for r in report["open_loop"])
     stages = report["stages"]
     for key in (
@@ -151,6 +153,9 @@ def test_bench_e2e_smoke_reports_every_figure(
         assert stages[key] is not None, key
     assert stages["batch_size_cumulative"]
     assert set(report["ratios"]) == {"pipeline_vs_engine_alone", "pipeline_vs_serial_generate"}
+    low = report["low_load"]
+    assert low["ttft_p50_ms"] > 0 and low["engine_alone_ttft_p50_ms"] > 0
+    assert math.isfinite(low["added_ttft_p50_ms"])
     assert all(math.isfinite(x) for x in _numbers(report["ratios"]) + _numbers(report["baselines"]))
     for plot in report["plots"]:
         assert Path(plot).stat().st_size > 1000
