@@ -273,7 +273,8 @@ class Baselines:
         self, bodies: list[dict[str, Any]], concurrency: int
     ) -> tuple[float, list[float]]:
         """tokens/s with ``concurrency`` requests kept in flight (taken from the end, as the
-        pipeline's clients do), and each request's time from submission to first token."""
+        pipeline's clients do), and each request's time from submission to its first text
+        (what a streaming client sees first: a token that ends mid-character has none)."""
         from services.worker.engine.engine import EngineRequest
 
         engine, queue = self.engine, self.jobs(bodies)
@@ -291,7 +292,7 @@ class Baselines:
                 added[rid] = time.perf_counter()
                 inflight += 1
             for o in engine.step():
-                if o.request_id in added and o.token_ids:
+                if o.request_id in added and (o.text or o.finish is not None):
                     ttft.append(time.perf_counter() - added.pop(o.request_id))
                 produced += len(o.token_ids)
                 inflight -= o.finish is not None

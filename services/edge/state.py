@@ -51,7 +51,9 @@ class EdgeState:
         return cls(
             settings=settings,
             redis=redis,
-            producer=make_producer(settings, client_id="edge"),
+            # Each request is sent alone and waited for: lingering would only add latency
+            # (the batcher does the batching).
+            producer=make_producer(settings, client_id="edge", linger_ms=0),
             hub=Hub(settings.redis_url, name=f"tw-edge:{names.prefix}:{os.getpid()}"),
             keys=KeyStore(
                 redis,
