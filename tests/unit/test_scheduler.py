@@ -157,8 +157,22 @@ def test_interactive_before_bulk_then_arrival() -> None:
     sim.add("b2", prompt(2, 4), 2, BULK)
     sim.add("i3", prompt(3, 4), 2, INTERACTIVE)
     assert [s.request_id for s in sim.sched.waiting] == ["i1", "i3", "b0", "b2"]
+    # Bulk prefill does not lengthen the step that gives interactive requests their first
+    # token; it joins in the next step.
+    assert planned_ids(sim.step()) == ["i1", "i3"]
     assert planned_ids(sim.step()) == ["i1", "i3", "b0"]
     assert [s.request_id for s in sim.sched.waiting] == ["b2"]
+
+
+def test_running_bulk_prefill_continues_while_interactive_is_admitted() -> None:
+    sim = Sim(max_step_tokens=64, prefill_chunk=16)
+    sim.add("b0", prompt(0, 40), 2, BULK)
+    assert planned_ids(sim.step()) == ["b0"]  # first chunk of three
+    sim.add("i1", prompt(1, 4), 2, INTERACTIVE)
+    sim.add("b2", prompt(2, 4), 2, BULK)
+    plan = sim.step()
+    assert planned_ids(plan) == ["b0", "i1"]  # b0's next chunk runs; b2 waits a step
+    assert planned_ids(sim.step()) == ["i1", "b0", "b2"]  # decodes first, then prefill
 
 
 def test_a_late_interactive_request_overtakes_waiting_bulk() -> None:
@@ -279,15 +293,20 @@ def test_admission_never_overcommits_kv() -> None:
 
 def test_preemption_takes_the_lowest_priority_most_recent_sequence() -> None:
     sim = Sim(num_blocks=4, block_size=4, prefix_cache=False)
-    a = sim.add("A", prompt(0, 4), 3, INTERACTIVE)
-    b = sim.add("B", prompt(1, 4), 3, BULK)
-    c = sim.add("C", prompt(2, 4), 3, INTERACTIVE)
-    d = sim.add("D", prompt(3, 4), 3, BULK)
-    assert planned_ids(sim.step()) == ["A", "C", "B", "D"]
+    b = sim.add("B", prompt(1, 3), 6, BULK)
+    d = sim.add("D", prompt(3, 3), 6, BULK)
+    assert planned_ids(sim.step()) == ["B", "D"]
+    a = sim.add("A", prompt(0, 3), 6, INTERACTIVE)
+    c = sim.add("C", prompt(2, 3), 6, INTERACTIVE)
+    assert planned_ids(sim.step()) == ["B", "D", "A", "C"]
     assert sim.kv.num_free_blocks == 0
-    # Each now needs a second block: A evicts D (bulk, newest), then C evicts B.
+    # B needs a second block first: it evicts D (bulk, newest).
     plan = sim.step()
-    assert plan.preempted == [d, b]
+    assert plan.preempted == [d]
+    assert planned_ids(plan) == ["A", "C", "B"]
+    # Then A and C need theirs: B goes too; the interactive requests are never evicted.
+    plan = sim.step()
+    assert plan.preempted == [b]
     assert planned_ids(plan) == ["A", "C"]
     assert (b.num_preemptions, d.num_preemptions) == (1, 1)
     assert [s.request_id for s in sim.sched.waiting] == ["B", "D"]

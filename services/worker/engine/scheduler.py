@@ -114,10 +114,16 @@ class Scheduler:
         return True
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
+        # A step that prefills or admits a request admits nothing of lower priority after
+        # it: an interactive request's first token waits for the whole step, so bulk
+        # prefill joins in the next one.
+        urgent = min((w.seq.priority for w in plan.work if w.num_tokens > 1), default=None)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             seq = self.waiting[0]
             if plan.preempted and seq.sort_key >= plan.preempted[-1].sort_key:
                 break  # memory is short this step: don't admit what we just evicted
+            if urgent is not None and seq.priority > urgent:
+                break
             ids = seq.all_ids
             cached = len(self.kv.cached_prefix_blocks(ids)) * self.kv.block_size
             n = min(len(ids) - cached, budget, self.config.prefill_chunk)
@@ -132,6 +138,7 @@ class Scheduler:
             self.running.append(seq)
             plan.work.append(Work(seq, n))
             budget -= n
+            urgent = seq.priority if urgent is None else min(urgent, seq.priority)
 
     def _preempt(self, seq: SeqState, plan: StepPlan) -> None:
         self.running.remove(seq)
