@@ -449,13 +449,15 @@ async def measure(
                 level[key] = _median(rounds, key)
             level["vs_engine_alone"] = _median(rounds, "vs_engine_alone")
             report["closed_loop"].append(level)
+        # Before the open loop, whose requests skip the edge: the stage means subtract
+        # edge and worker figures over the same requests.
+        report["stages"] = await stage_times(stack)
+        print(json.dumps(report["stages"]))
         report["open_loop"] = [
             await open_loop(stack, Mix(cfg.workload), r, cfg.open_seconds) for r in cfg.rates
         ]
         for r in report["open_loop"]:
             print(json.dumps(r))
-        report["stages"] = await stage_times(stack)
-        print(json.dumps(report["stages"]))
     finally:
         stack.stop_all()
     rows = {row["concurrency"]: row for row in report["closed_loop"]}

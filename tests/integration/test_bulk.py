@@ -164,6 +164,7 @@ async def test_bulk_file_killed_and_resumed_gives_one_result_per_line(
     print(
         f"chat TTFT p50 idle {statistics.median(idle):.1f} ms, during bulk {statistics.median(busy):.1f} ms"
     )
-    # The target is 2x; on this shared 2-core machine (Kafka, Redis, three services and the
-    # bulk client on the same cores) runs measure 1.6x-2.9x, so the guard here is 3x.
-    assert ratio <= 3.0, (idle, busy)
+    # The target is 2x. On this shared 2-core machine (Kafka, Redis, three services and the
+    # bulk client on the same cores) four runs measured 1.4x-1.9x since bulk prefill stopped
+    # joining interactive admission steps (1.6x-2.9x before); the guard leaves room for noise.
+    assert ratio <= 2.5, (idle, busy)
