@@ -74,7 +74,8 @@ def _serve_beside(make: Callable[[], _Service], runner: EngineLoop) -> None:
         if state["signals"] > 1:  # a second signal: stop now, without draining
             os._exit(130)
         if "stop" in state:
-            state["stop"]()
+            with contextlib.suppress(RuntimeError):  # the event loop already closed
+                state["stop"]()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)

@@ -5,7 +5,7 @@ Why this way round: PyTorch's CPU kernels run on an OpenMP team that belongs to 
 that calls them. The model is loaded (and its first ops run) on the main thread; stepping
 it from a second thread makes a second team, and the two contend for the cores. Measured on
 2 cores with the ``small`` preset at 32 streams: decode steps took 39 ms from a helper
-thread against 31 ms on the loading thread, and the engine made 0.78x the tokens/s.
+thread against 31 ms on the loading thread, and the engine made 0.8x the tokens/s.
 """
 
 from __future__ import annotations
