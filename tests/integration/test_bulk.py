@@ -136,10 +136,10 @@ async def test_bulk_file_killed_and_resumed_gives_one_result_per_line(
     ids = write_input(src)
     async with StreamRecorder(stack.env["TW_REDIS_URL"], stack.names) as rec:
         await chat_ttft(stack, rec, 3)  # warm-up
-        idle = await chat_ttft(stack, rec, 12)
+        idle = await chat_ttft(stack, rec, 20)
         first = bulk(stack, src, out)
         await wait_lines(out, 300, first, 180)
-        busy = await chat_ttft(stack, rec, 12)
+        busy = await chat_ttft(stack, rec, 20)
         await wait_lines(out, LINES // 2, first, 180)
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -165,6 +165,7 @@ async def test_bulk_file_killed_and_resumed_gives_one_result_per_line(
         f"chat TTFT p50 idle {statistics.median(idle):.1f} ms, during bulk {statistics.median(busy):.1f} ms"
     )
     # The target is 2x. On this shared 2-core machine (Kafka, Redis, three services and the
-    # bulk client on the same cores) four runs measured 1.4x-1.9x since bulk prefill stopped
-    # joining interactive admission steps (1.6x-2.9x before); the guard leaves room for noise.
+    # bulk client on the same cores) 14 runs measured 1.3x-2.05x, median 1.7x, since bulk
+    # prefill stopped joining interactive admission steps (1.6x-2.9x before); the guard
+    # leaves room for noise.
     assert ratio <= 2.5, (idle, busy)
