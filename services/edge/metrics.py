@@ -29,7 +29,7 @@ class EdgeMetrics:
         self.cancels = Counter("tw_edge_cancels", "cancellations sent", ["source"], registry=r)
         self.first_event = Histogram(
             "tw_edge_first_event_seconds",
-            "submission to first token event",
+            "request creation at the edge to its first event relayed",
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )

@@ -40,7 +40,7 @@ class RelayPlan:
     tenant: str
     cancel_on_disconnect: bool
     include_usage: bool = False
-    submitted_at: float | None = None  # for the first-event latency metric
+    created_at: float | None = None  # the request's creation (wall clock), for the metric
 
 
 class _Relay(Response):
@@ -68,9 +68,9 @@ class _Relay(Response):
     def _count(self, events: list[Event]) -> None:
         m = self.plan.st.metrics
         m.events.inc(len(events))
-        if self.plan.submitted_at is not None:
-            m.first_event.observe(time.perf_counter() - self.plan.submitted_at)
-            self.plan.submitted_at = None
+        if self.plan.created_at is not None:
+            m.first_event.observe(max(0.0, time.time() - self.plan.created_at))
+            self.plan.created_at = None
 
 
 class SseRelay(_Relay):

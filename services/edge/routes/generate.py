@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -53,6 +51,6 @@ async def generate(request: Request, who: Principal, body: CompletionBody | Chat
         who.tenant,
         cancel_on_disconnect=not body.resumable,
         include_usage=body.include_usage,
-        submitted_at=time.perf_counter(),
+        created_at=req.created_at,
     )
     return SseRelay(plan) if body.stream else JsonRelay(plan)
