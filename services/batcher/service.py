@@ -178,8 +178,7 @@ class BatcherService:
         rejected += self._expire(now)
         if rejected:
             await self._reject(rejected)
-        # Worker views are needed only to dispatch: an idle batcher does not poll Redis.
-        workers = await self._load_workers() if len(self.queue) else self._workers
+        workers = await self._load_workers()
         oldest = self.queue.oldest()
         wait_ms = (now - oldest) * 1000 if oldest is not None else 0.0
         free = sum(w.free_slots for w in workers) if workers else None
