@@ -9,20 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest, StepOutput
 from services.worker.engine.request import Status
 from services.worker.engine.sampler import SamplingConfig
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def lm(model_dir: str) -> tuple[Any, Any]:
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
-    return model, tok
 
 
 def reference(model: Any, prompt: list[int], n: int) -> list[int]:

@@ -8,17 +8,9 @@ import threading
 from typing import Any
 
 import pytest
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest, StepOutput
 from services.worker.runtime import EngineLoop
-
-
-@pytest.fixture(scope="module")
-def lm(model_dir: str) -> tuple[Any, Any]:
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
-    return model, tok
 
 
 @pytest.fixture
