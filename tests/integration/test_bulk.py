@@ -136,10 +136,10 @@ async def test_bulk_file_killed_and_resumed_gives_one_result_per_line(
     ids = write_input(src)
     async with StreamRecorder(stack.env["TW_REDIS_URL"], stack.names) as rec:
         await chat_ttft(stack, rec, 3)  # warm-up
-        idle = await chat_ttft(stack, rec, 20)
+        idle = await chat_ttft(stack, rec, 30)
         first = bulk(stack, src, out)
         await wait_lines(out, 300, first, 180)
-        busy = await chat_ttft(stack, rec, 20)
+        busy = await chat_ttft(stack, rec, 30)
         await wait_lines(out, LINES // 2, first, 180)
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -164,8 +164,7 @@ async def test_bulk_file_killed_and_resumed_gives_one_result_per_line(
     print(
         f"chat TTFT p50 idle {statistics.median(idle):.1f} ms, during bulk {statistics.median(busy):.1f} ms"
     )
-    # The target is 2x. On this shared 2-core machine (Kafka, Redis, three services and the
-    # bulk client on the same cores) 14 runs measured 1.3x-2.05x, median 1.7x, since bulk
-    # prefill stopped joining interactive admission steps (1.6x-2.9x before); the guard
-    # leaves room for noise.
-    assert ratio <= 2.5, (idle, busy)
+    # A step that prefills a chat prompt runs without the bulk sequences, so a chat's
+    # first token waits at most for the bulk step already in progress. 13 runs here
+    # measured 1.05x-1.81x, median 1.42x (1.3x-2.05x before bulk sat out those steps).
+    assert ratio <= 2.0, (idle, busy)

@@ -164,14 +164,15 @@ def test_interactive_before_bulk_then_arrival() -> None:
     assert [s.request_id for s in sim.sched.waiting] == ["b2"]
 
 
-def test_running_bulk_prefill_continues_while_interactive_is_admitted() -> None:
+def test_running_bulk_sits_out_while_an_interactive_prompt_prefills() -> None:
     sim = Sim(max_step_tokens=64, prefill_chunk=16)
     sim.add("b0", prompt(0, 40), 2, BULK)
     assert planned_ids(sim.step()) == ["b0"]  # first chunk of three
     sim.add("i1", prompt(1, 4), 2, INTERACTIVE)
     sim.add("b2", prompt(2, 4), 2, BULK)
-    plan = sim.step()
-    assert planned_ids(plan) == ["b0", "i1"]  # b0's next chunk runs; b2 waits a step
+    # The chat's first token waits for its own prefill only: b0's next chunk and b2's
+    # admission wait a step.
+    assert planned_ids(sim.step()) == ["i1"]
     assert planned_ids(sim.step()) == ["i1", "b0", "b2"]  # decodes first, then prefill
 
 
@@ -253,18 +254,25 @@ def test_chunked_prefill_does_not_stall_running_decodes() -> None:
     assert starts == [32 * k for k in range(7)]
 
 
-def test_interactive_prefills_do_not_stall_running_bulk_decodes() -> None:
-    # Two interactive long prompts arrive while bulk requests decode. Their chunks (2 x 32)
-    # fill the 64-token budget; the bulk decodes still need their one token per step.
+def test_bulk_decodes_pause_while_interactive_prompts_prefill_then_resume() -> None:
+    # Two long interactive prompts arrive while bulk requests decode: their chunks run
+    # alone, then the bulk decodes resume every step and everything finishes intact.
     sim = Sim(max_step_tokens=64, prefill_chunk=32)
     bulk = [sim.add(f"b{i}", prompt(i, 4), 30, BULK) for i in range(3)]
     sim.step()
-    sim.add("L1", prompt(8, 200), 2, INTERACTIVE)
-    sim.add("L2", prompt(9, 200), 2, INTERACTIVE)
-    for _ in range(8):
+    long = [sim.add(f"L{i}", prompt(8 + i, 200), 2, INTERACTIVE) for i in (1, 2)]
+    while any(s.in_prefill for s in long):
+        before = [len(s.output_ids) for s in bulk]
+        assert planned_ids(sim.step()) == ["L1", "L2"]
+        assert [len(s.output_ids) for s in bulk] == before
+    assert all(len(s.output_ids) == 1 for s in long)  # first tokens came from the prefill
+    for _ in range(5):
         before = [len(s.output_ids) for s in bulk]
         sim.step()
         assert [len(s.output_ids) for s in bulk] == [b + 1 for b in before], sim.history[-1]
+    sim.run()
+    for seq in bulk + long:
+        assert seq.output_ids == sim.expected_output(seq)
 
 
 def test_a_prompt_larger_than_the_budget_is_chunked_by_the_budget() -> None:
@@ -298,15 +306,13 @@ def test_preemption_takes_the_lowest_priority_most_recent_sequence() -> None:
     assert planned_ids(sim.step()) == ["B", "D"]
     a = sim.add("A", prompt(0, 3), 6, INTERACTIVE)
     c = sim.add("C", prompt(2, 3), 6, INTERACTIVE)
-    assert planned_ids(sim.step()) == ["B", "D", "A", "C"]
+    assert planned_ids(sim.step()) == ["A", "C"]  # the bulk decodes sit out the prefill
     assert sim.kv.num_free_blocks == 0
-    # B needs a second block first: it evicts D (bulk, newest).
+    assert planned_ids(sim.step()) == ["A", "C", "B", "D"]
+    # A and C need a second block: D (bulk, newest) goes first, then B; the interactive
+    # requests are never evicted.
     plan = sim.step()
-    assert plan.preempted == [d]
-    assert planned_ids(plan) == ["A", "C", "B"]
-    # Then A and C need theirs: B goes too; the interactive requests are never evicted.
-    plan = sim.step()
-    assert plan.preempted == [b]
+    assert plan.preempted == [d, b]
     assert planned_ids(plan) == ["A", "C"]
     assert (b.num_preemptions, d.num_preemptions) == (1, 1)
     assert [s.request_id for s in sim.sched.waiting] == ["B", "D"]

@@ -2,9 +2,11 @@
 
 Every step: running sequences first get their next token (decode) or prefill chunk, then
 waiting ones are admitted — interactive before bulk, then by arrival — while the step's
-token budget, the running-sequence cap and the KV blocks allow. A running sequence that
-cannot grow preempts the lowest-priority, most recently arrived one (its KV is freed and
-recomputed later, mostly from the prefix cache) instead of failing.
+token budget, the running-sequence cap and the KV blocks allow. A step that prefills an
+interactive prompt leaves running bulk sequences out, so bulk delays a chat's first token
+by no more than the step already in progress. A running sequence that cannot grow preempts
+the lowest-priority, most recently arrived one (its KV is freed and recomputed later,
+mostly from the prefix cache) instead of failing.
 """
 
 from __future__ import annotations
@@ -86,8 +88,13 @@ class Scheduler:
         self.running.sort(key=lambda s: s.sort_key)
         # Decodes first, one token each, so running streams never stall behind prefills;
         # prefill chunks share what is left of the step's token budget.
-        decoding = [s for s in self.running if not s.in_prefill]
-        prefilling = [s for s in self.running if s.in_prefill]
+        # While a higher-priority prompt is being prefilled, lower-priority sequences sit
+        # the step out: the first token of a chat request waits only for its own prefill
+        # (and other chats' decodes), not for a full batch of bulk work.
+        cut = self._urgent_priority()
+        active = [s for s in self.running if cut is None or s.priority <= cut]
+        decoding = [s for s in active if not s.in_prefill]
+        prefilling = [s for s in active if s.in_prefill]
         for seq in decoding + prefilling:
             if budget <= 0:
                 break
@@ -100,6 +107,31 @@ class Scheduler:
             budget = self.config.max_step_tokens - sum(w.num_tokens for w in plan.work)
         self._admit(plan, budget)
         return plan
+
+    def _urgent_priority(self) -> int | None:
+        """The priority of the most urgent prompt this step would prefill, when a running
+        sequence has a lower one; otherwise None (everything runs)."""
+        lowest = max((s.priority for s in self.running), default=None)
+        if lowest is None:
+            return None
+        urgent = min((s.priority for s in self.running if s.in_prefill), default=lowest)
+        if self.waiting and self.waiting[0].priority < urgent and self._admissible(self.waiting[0]):
+            urgent = self.waiting[0].priority
+        return urgent if urgent < lowest else None
+
+    def _admissible(self, seq: SeqState) -> bool:
+        """Whether ``_admit`` could start ``seq`` now (running-sequence cap and KV)."""
+        if len(self.running) >= self.config.max_running:
+            return False
+        ids, cached, n = self._first_chunk(seq, self.config.max_step_tokens)
+        return self.kv.can_allocate(seq.request_id, ids, cached + n)
+
+    def _first_chunk(self, seq: SeqState, budget: int) -> tuple[list[int], int, int]:
+        """A waiting sequence's tokens, how many of them the prefix cache holds, and how
+        many its first step would compute."""
+        ids = seq.all_ids
+        cached = len(self.kv.cached_prefix_blocks(ids)) * self.kv.block_size
+        return ids, cached, min(len(ids) - cached, budget, self.config.prefill_chunk)
 
     def _reserve(self, seq: SeqState, n: int, plan: StepPlan) -> bool:
         """Make room for ``n`` more tokens of ``seq``, preempting the lowest-priority, most
@@ -124,9 +156,7 @@ class Scheduler:
                 break  # memory is short this step: don't admit what we just evicted
             if urgent is not None and seq.priority > urgent:
                 break
-            ids = seq.all_ids
-            cached = len(self.kv.cached_prefix_blocks(ids)) * self.kv.block_size
-            n = min(len(ids) - cached, budget, self.config.prefill_chunk)
+            ids, cached, n = self._first_chunk(seq, budget)
             if not self.kv.can_allocate(seq.request_id, ids, cached + n):
                 break  # head-of-line waits: admission never overcommits KV
             hit = self.kv.allocate(seq.request_id, ids, cached + n)
