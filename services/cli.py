@@ -5,21 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
 from shared.logs import setup_logging
 from shared.settings import CommonSettings, SettingsError
-
-if TYPE_CHECKING:
-    from services.worker.runtime import EngineLoop
 
 
 class _Service(Protocol):
@@ -46,47 +41,6 @@ async def _serve_until_signal(make: Callable[[], _Service]) -> None:
     await service.run()
 
 
-def _serve_beside(make: Callable[[], _Service], runner: EngineLoop) -> None:
-    """The worker: its event loop on a helper thread, the engine on this (main) thread,
-    which loaded the model (see ``services.worker.runtime``). Signals as in
-    ``_serve_until_signal``."""
-    state: dict[str, Any] = {"signals": 0}
-
-    async def serve() -> None:
-        service = make()
-        state["stop"] = functools.partial(
-            asyncio.get_running_loop().call_soon_threadsafe, service.stop
-        )
-        if state["signals"]:
-            service.stop()
-        await service.run()
-
-    def io() -> None:
-        try:
-            asyncio.run(serve())
-        except BaseException as exc:  # re-raised on the main thread
-            state["error"] = exc
-        finally:
-            runner.stop()
-
-    def on_signal(signum: int, frame: object) -> None:
-        state["signals"] += 1
-        if state["signals"] > 1:  # a second signal: stop now, without draining
-            os._exit(130)
-        if "stop" in state:
-            with contextlib.suppress(RuntimeError):  # the event loop already closed
-                state["stop"]()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
-    thread = threading.Thread(target=io, name="io")
-    thread.start()
-    runner.run()
-    thread.join()
-    if "error" in state:
-        raise state["error"]
-
-
 def resolve_model_dir(explicit: str, preset: str = "tiny") -> str:
     """The configured model folder, or the embedded default model (built if missing)."""
     if explicit:
@@ -97,28 +51,23 @@ def resolve_model_dir(explicit: str, preset: str = "tiny") -> str:
 
 
 def cmd_worker(_: argparse.Namespace) -> None:
-    import torch
+    from transformers import AutoTokenizer
 
     from services.worker.config import WorkerSettings
-    from services.worker.engine.engine import Engine, EngineConfig
-    from services.worker.loader import load_model
-    from services.worker.runtime import EngineLoop
+    from services.worker.engine.engine import EngineConfig
+    from services.worker.runtime import EngineProcess, EngineSpec
     from services.worker.service import WorkerService
 
     settings = WorkerSettings.from_env(
         model_dir=resolve_model_dir(os.environ.get("TW_MODEL_DIR", ""))
     )
     setup_logging("worker", settings.log_level)
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
-    # The engine holds the GIL through the model's Python code; a short switch interval
-    # lets the event loop (Kafka intake, Redis publishing) in without waiting 5 ms.
-    sys.setswitchinterval(settings.gil_switch_interval_s)
-    model, tokenizer = load_model(settings.model_dir, settings.device, settings.dtype)
-    engine = Engine(
-        model,
-        tokenizer,
-        EngineConfig(
+    spec = EngineSpec(
+        model_dir=settings.model_dir,
+        device=settings.device,
+        dtype=settings.dtype,
+        torch_threads=settings.torch_threads,
+        config=EngineConfig(
             block_size=settings.block_size,
             kv_budget_tokens=settings.kv_budget_tokens,
             max_running=settings.max_running,
@@ -126,12 +75,21 @@ def cmd_worker(_: argparse.Namespace) -> None:
             prefill_chunk=settings.prefill_chunk,
             enable_prefix_cache=settings.prefix_cache,
         ),
+        log_level=settings.log_level,
     )
-    logging.getLogger("tokenwire.worker").info(
-        "worker %s serving %s", settings.worker_id, settings.model_dir
-    )
-    runner = EngineLoop(engine)
-    _serve_beside(lambda: WorkerService(settings, runner, tokenizer), runner)
+    runner = EngineProcess(spec)
+    runner.start()  # loads the model in the engine process
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(settings.model_dir, local_files_only=True)
+        logging.getLogger("tokenwire.worker").info(
+            "worker %s serving %s (engine pid %s)",
+            settings.worker_id,
+            settings.model_dir,
+            runner.pid,
+        )
+        asyncio.run(_serve_until_signal(lambda: WorkerService(settings, runner, tokenizer)))
+    finally:
+        runner.stop()
 
 
 def cmd_batcher(_: argparse.Namespace) -> None:

@@ -33,7 +33,6 @@ class WorkerSettings(CommonSettings):
     done_ttl_s: int = Field(3600, ge=1)
     claim_ttl_s: float = Field(10.0, gt=0, description="a dead worker's claims expire after this")
     session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka group session timeout")
-    gil_switch_interval_s: float = Field(0.001, gt=0, le=0.1)
     drain_timeout_s: float = Field(
         20.0, ge=0, description="on SIGTERM, finish running work this long"
     )

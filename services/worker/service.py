@@ -1,7 +1,7 @@
 """The worker service: Kafka batches in, engine steps, token events out to Redis.
 
-The engine steps on the main thread (``EngineLoop``); this service's event loop runs on a
-helper thread beside it. One task per concern: ``_consume`` feeds the engine from the
+The engine runs in a process of its own (``EngineProcess``); this service's event loop
+feeds it and publishes its outputs. One task per concern: ``_consume`` feeds the engine from the
 batches topic, ``_publish`` sends each step's events for all sequences in one Redis
 pipeline, ``_complete`` sends finished requests' completions to Kafka and then commits their
 batches (off the publishing path: token events never wait on Kafka acks), ``_heartbeat``
@@ -27,12 +27,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.structs import ConsumerRecord
 
 from services.worker.config import WorkerSettings
-from services.worker.engine.engine import Engine, EngineRequest, StepOutput
+from services.worker.engine.engine import EngineRequest, StepOutput
 from services.worker.engine.sampler import SamplingConfig
 from services.worker.events import StreamState
 from services.worker.metrics import WorkerMetrics
 from services.worker.offsets import OffsetTracker
-from services.worker.runtime import EngineLoop
+from services.worker.runtime import EngineProcess
 from shared import registry, token_stream
 from shared.codec import DecodeError, decode, encode
 from shared.kafka_io import make_consumer, make_producer
@@ -71,11 +71,10 @@ class _Rebalance(ConsumerRebalanceListener):
 class WorkerService:
     """A decode worker in the ``tw.batches`` consumer group."""
 
-    def __init__(self, settings: WorkerSettings, runner: EngineLoop, tokenizer: Any) -> None:
+    def __init__(self, settings: WorkerSettings, runner: EngineProcess, tokenizer: Any) -> None:
         self.settings = settings
         self.names = settings.names
         self.runner = runner
-        self.engine: Engine = runner.engine
         self.tokenizer = tokenizer
         self.redis: aioredis.Redis = aioredis.Redis.from_url(settings.redis_url)
         self.producer: AIOKafkaProducer = make_producer(settings, client_id=settings.worker_id)
@@ -128,7 +127,7 @@ class WorkerService:
             # Bounded: a client library that ignores cancellation must not keep a stopping
             # worker (and its partitions) hostage.
             await asyncio.wait([consume, *others, stop], timeout=SHUTDOWN_STEP_S)
-            self.runner.stop()
+            await asyncio.to_thread(self.runner.stop)
             await asyncio.wait_for(self._shutdown(), timeout=3 * SHUTDOWN_STEP_S)
 
     def stop(self) -> None:
@@ -187,7 +186,7 @@ class WorkerService:
 
     def _apply_backpressure(self) -> None:
         """Stop fetching while the engine's queue is long; Kafka keeps the rest durable."""
-        full = self.engine.stats.waiting >= self.settings.max_waiting
+        full = self.runner.stats.waiting >= self.settings.max_waiting
         parts = list(self.consumer.assignment())
         if full and not self._paused:
             self.consumer.pause(*parts)
@@ -419,7 +418,7 @@ class WorkerService:
         so batchers see freed capacity quickly — and keep this worker's claims alive."""
         s = self.settings
         while True:
-            st = self.engine.stats
+            st = self.runner.stats
             hb = WorkerHeartbeat(
                 worker_id=s.worker_id,
                 partitions=sorted(tp.partition for tp in self.consumer.assignment()),
@@ -447,14 +446,11 @@ class WorkerService:
             await asyncio.sleep(HEARTBEAT_MIN_GAP_S)
 
     async def _prefix_summary(self) -> list[int]:
-        """The KV cache's routing summary, read on the engine's thread (steps mutate the
-        cache); the previous one if the engine does not answer within a heartbeat."""
-        fut = self.runner.call(lambda: self.engine.kv.summary_hashes(256))
-        try:
+        """The KV cache's routing summary from the engine process; the previous one if the
+        engine does not answer within a heartbeat."""
+        with contextlib.suppress(TimeoutError):
             wait = self.settings.heartbeat_interval_s
-            self._summary = await asyncio.wait_for(asyncio.wrap_future(fut), wait)
-        except TimeoutError:
-            fut.cancel()
+            self._summary = await asyncio.wait_for(self.runner.kv_summary(256), wait)
         return self._summary
 
     async def _lag(self) -> int:

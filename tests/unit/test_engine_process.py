@@ -1,0 +1,148 @@
+"""EngineProcess: the engine runs in a child process; the worker's event loop submits work,
+reads every step's outputs and queries the KV summary over a pipe."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.worker.engine.engine import Engine, EngineConfig, EngineRequest, StepOutput
+from services.worker.runtime import EngineFailed, EngineProcess, EngineSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = EngineConfig(kv_budget_tokens=2048)
+
+
+@pytest.fixture
+async def engine(model_dir: str) -> AsyncIterator[EngineProcess]:
+    proc = EngineProcess(EngineSpec(model_dir, torch_threads=1, config=CONFIG))
+    await asyncio.to_thread(proc.start, 120)
+    proc.attach(asyncio.get_running_loop())
+    yield proc
+    proc.stop()
+    assert proc._proc.exitcode == 0  # stopped on request, not killed
+
+
+async def finals(proc: EngineProcess, n: int) -> dict[str, list[StepOutput]]:
+    outs: dict[str, list[StepOutput]] = {}
+    done = 0
+    while done < n:
+        step = await asyncio.wait_for(proc.outputs.get(), 60)
+        assert proc.error is None
+        for o in step:
+            outs.setdefault(o.request_id, []).append(o)
+            done += o.finish is not None
+    return outs
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is dead too
+        return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_outputs_match_the_engine_in_process(
+    engine: EngineProcess, lm: tuple[Any, Any]
+) -> None:
+    reqs = [
+        EngineRequest(f"r{i}", [5, 6, 7, 8 + i], max_tokens=6, ignore_eos=True) for i in range(3)
+    ]
+    for r in reqs:
+        engine.submit(r)
+    got = await finals(engine, 3)
+    local = Engine(*lm, CONFIG)
+    for r in reqs:
+        local.add_request(r)
+    want: dict[str, list[int]] = {}
+    for o in local.run_until_idle():
+        want.setdefault(o.request_id, []).extend(o.token_ids)
+    assert {rid: [t for o in steps for t in o.token_ids] for rid, steps in got.items()} == want
+    assert all(steps[-1].finish is not None for steps in got.values())
+    # Each step's outputs come with the engine's stats at that point.
+    assert engine.stats.finished == 3 and engine.stats.steps >= 6
+    assert engine.stats.running == 0 and engine.stats.kv_used_blocks == 0
+
+
+async def test_kv_summary_is_answered_between_steps(engine: EngineProcess) -> None:
+    prompt = list(range(10, 74))  # four full blocks: cached prefix hashes to summarise
+    for i in range(4):
+        engine.submit(EngineRequest(f"c{i}", prompt, max_tokens=24, ignore_eos=True))
+    summaries = []
+    for _ in range(20):  # query while steps mutate the cache
+        summaries.append(await asyncio.wait_for(engine.kv_summary(64), 30))
+    await finals(engine, 4)
+    assert any(summaries), "the shared prefix never showed up in the cache summary"
+    assert await asyncio.wait_for(engine.kv_summary(64), 30)  # still cached when idle
+
+
+async def test_an_aborted_request_ends_without_running_to_its_limit(
+    engine: EngineProcess,
+) -> None:
+    engine.submit(EngineRequest("long", [5, 6, 7], max_tokens=500, ignore_eos=True))
+    first = await asyncio.wait_for(engine.outputs.get(), 60)
+    assert [o.request_id for o in first] == ["long"]
+    engine.abort("long")
+    outs = await finals(engine, 1)
+    assert sum(len(o.token_ids) for o in first + outs["long"]) < 500
+
+
+async def test_a_failing_step_is_reported_and_ends_the_process(model_dir: str) -> None:
+    proc = EngineProcess(EngineSpec(model_dir, torch_threads=1, config=CONFIG))
+    await asyncio.to_thread(proc.start, 120)
+    proc.attach(asyncio.get_running_loop())
+    proc.submit(EngineRequest("x", [10**7], max_tokens=2))  # outside the vocabulary
+    assert await asyncio.wait_for(proc.outputs.get(), 60) == []
+    assert isinstance(proc.error, EngineFailed)
+    assert "IndexError" in str(proc.error)
+    await asyncio.to_thread(proc._proc.join, 10)
+    assert proc._proc.exitcode is not None
+    proc.stop()
+
+
+def test_a_model_that_cannot_load_fails_start(tmp_path: Path) -> None:
+    proc = EngineProcess(EngineSpec(str(tmp_path / "missing"), torch_threads=1))
+    with pytest.raises(EngineFailed, match="failed to start"):
+        proc.start(120)
+
+
+def test_the_engine_process_dies_with_its_worker(model_dir: str) -> None:
+    script = (
+        "import sys, time\n"
+        "from services.worker.runtime import EngineProcess, EngineSpec\n"
+        "if __name__ == '__main__':\n"
+        "    p = EngineProcess(EngineSpec(sys.argv[1], torch_threads=1))\n"
+        "    p.start(120)\n"
+        "    print(p.pid, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", script, model_dir],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # its resource tracker complains about the kill
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        child = int(worker.stdout.readline())
+        assert alive(child)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        deadline = time.monotonic() + 15
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(child), "the engine process outlived its worker"
+    finally:
+        worker.kill()
