@@ -17,6 +17,7 @@ exits when the worker's end of the pipe closes, including when the worker is kil
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import ctypes
 import itertools
@@ -102,6 +103,8 @@ class EngineProcess:
             self._proc.join(5)
             raise EngineFailed(f"the engine failed to start: {payload}")
         self.stats = payload
+        # Before multiprocessing's own exit hook, which would wait for the process forever.
+        atexit.register(self.stop)
         threading.Thread(target=self._write, name="engine-send", daemon=True).start()
         threading.Thread(target=self._read, name="engine-recv", daemon=True).start()
 
