@@ -59,7 +59,7 @@ class E2EConfig:
     concurrencies: tuple[int, ...] = (1, 8, 32)
     requests_per_stream: int = 3  # closed loop: each level sends max(min_requests, this x N)
     min_requests: int = 8
-    rounds: int = 3  # pipeline and baselines alternate this many times per level
+    rounds: int = 5  # pipeline and baselines alternate this many times per level
     rates: tuple[float, ...] = (2.0, 8.0)  # open loop, requests/s
     open_seconds: float = 8.0
     workload: Workload = field(default_factory=Workload)
