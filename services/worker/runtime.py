@@ -66,7 +66,6 @@ class EngineProcess:
     """
 
     def __init__(self, spec: EngineSpec) -> None:
-        self.spec = spec
         self.outputs: asyncio.Queue[list[StepOutput]] = asyncio.Queue()
         self.stats = EngineStats(block_size=spec.config.block_size)
         self.error: BaseException | None = None

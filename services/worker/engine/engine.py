@@ -1,6 +1,6 @@
 """The decode engine: one ``step()`` drains the inbox, schedules, runs the model, samples and
 turns tokens into text deltas. Thread-safe inbox; everything else runs on the caller's
-thread (the worker runs ``step`` off its event loop)."""
+thread (the worker steps it in a process of its own, ``services.worker.runtime``)."""
 
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ class Scheduler:
                 plan.work.append(Work(seq, n))
             # A preempted sequence's planned tokens go back to the budget.
             budget = self.config.max_step_tokens - sum(w.num_tokens for w in plan.work)
-        self._admit(plan, budget)
+        self._admit(plan, budget, cut)
         return plan
 
     def _urgent_priority(self) -> int | None:
@@ -145,11 +145,13 @@ class Scheduler:
         self.kv.allocate(seq.request_id, seq.all_ids, seq.num_computed + n)
         return True
 
-    def _admit(self, plan: StepPlan, budget: int) -> None:
+    def _admit(self, plan: StepPlan, budget: int, cut: int | None) -> None:
         # A step that prefills or admits a request admits nothing of lower priority after
-        # it: an interactive request's first token waits for the whole step, so bulk
-        # prefill joins in the next one.
-        urgent = min((w.seq.priority for w in plan.work if w.num_tokens > 1), default=None)
+        # it (nor below ``cut``, the priority the running sequences were cut at): an
+        # interactive request's first token waits for the whole step, so bulk prefill
+        # joins in the next one.
+        prefills = [w.seq.priority for w in plan.work if w.num_tokens > 1]
+        urgent = min(prefills + ([] if cut is None else [cut]), default=None)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             seq = self.waiting[0]
             if plan.preempted and seq.sort_key >= plan.preempted[-1].sort_key:
