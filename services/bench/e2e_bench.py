@@ -111,16 +111,22 @@ class Sample:
     tokens: int
     prompt_tokens: int
     cached_tokens: int
+    arrivals: list[tuple[float, int]]  # (perf_counter, tokens) of each chunk
 
 
 async def sse_request(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Sample:
     t0 = time.perf_counter()
     first = last = 0.0
     itl: list[float] = []
+    arrivals: list[tuple[float, int]] = []
     tokens = prompt = cached = 0
-    async with client.stream(
-        "POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}
-    ) as resp:
+    body = {
+        **body,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,  # so tokens are counted as they arrive
+    }
+    async with client.stream("POST", url, json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -133,19 +139,32 @@ async def sse_request(client: httpx.AsyncClient, url: str, body: dict[str, Any])
                 cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             if not chunk.get("choices"):
                 continue
+            arrivals.append((now, len(chunk["choices"][0].get("token_ids", ()))))
             if first == 0.0:
                 first = now
             else:
                 itl.append(now - last)
             last = now
-    return Sample(first - t0, itl, last - t0, tokens, prompt, cached)
+    if sum(n for _, n in arrivals) != tokens:
+        raise RuntimeError(f"the chunks' token ids do not add up to usage ({tokens} tokens)")
+    return Sample(first - t0, itl, last - t0, tokens, prompt, cached, arrivals)
+
+
+@dataclass
+class Throughput:
+    """A closed loop's tokens/s over the whole run, and while all its streams were busy:
+    from the start until the first client finds no request left to send. After that the
+    last requests drain with fewer streams in flight than the level names."""
+
+    whole: float
+    full: float
 
 
 async def closed_loop(
     stack: Stack, bodies: list[dict[str, Any]], concurrency: int, model: str
-) -> tuple[list[Sample], float]:
-    """``concurrency`` clients send ``bodies`` (from the end) one after another; the samples
-    and the wall time."""
+) -> tuple[list[Sample], float, Throughput]:
+    """``concurrency`` clients send ``bodies`` (from the end) one after another; the
+    samples, the wall time and the tokens/s."""
     url = stack.url() + "/v1/completions"
     samples: list[Sample] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
@@ -153,14 +172,20 @@ async def closed_loop(
         timeout=300, limits=limits, headers=stack.auth_headers()
     ) as client:
         queue = [{**b, "model": model} for b in bodies]
+        idle_at: list[float] = []  # when each client found the queue empty
 
         async def client_loop() -> None:
             while queue:
                 samples.append(await sse_request(client, url, queue.pop()))
+            idle_at.append(time.perf_counter())
 
         t0 = time.perf_counter()
         await asyncio.gather(*(client_loop() for _ in range(concurrency)))
-        return samples, time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+    full = min(idle_at)
+    in_full = sum(n for x in samples for t, n in x.arrivals if t <= full)
+    tokens = sum(n for x in samples for _, n in x.arrivals)
+    return samples, wall, Throughput(tokens / wall, in_full / (full - t0))
 
 
 def _latency(samples: list[Sample]) -> dict[str, Any]:
@@ -276,7 +301,7 @@ class Baselines:
 
     def engine_closed_loop(
         self, bodies: list[dict[str, Any]], concurrency: int
-    ) -> tuple[float, list[float]]:
+    ) -> tuple[Throughput, list[float]]:
         """tokens/s with ``concurrency`` requests kept in flight (taken from the end, as the
         pipeline's clients do), and each request's time from submission to its first text
         (what a streaming client sees first: a token that ends mid-character has none)."""
@@ -286,8 +311,11 @@ class Baselines:
         inflight = produced = 0
         added: dict[str, float] = {}
         ttft: list[float] = []
+        full: tuple[float, int] | None = None  # when fewer streams began to run; tokens then
         t0 = time.perf_counter()
         while queue or engine.has_work:
+            if full is None and not queue and inflight < concurrency:
+                full = time.perf_counter(), produced
             while queue and inflight < concurrency:
                 prompt, max_tokens = queue.pop()
                 rid = uuid.uuid4().hex
@@ -301,7 +329,9 @@ class Baselines:
                     ttft.append(time.perf_counter() - added.pop(o.request_id))
                 produced += len(o.token_ids)
                 inflight -= o.finish is not None
-        return produced / (time.perf_counter() - t0), ttft
+        end = time.perf_counter()
+        full_at, full_tokens = full or (end, produced)
+        return Throughput(produced / (end - t0), full_tokens / (full_at - t0)), ttft
 
     def serial_generate(self, bodies: list[dict[str, Any]]) -> float:
         from services.bench.engine_bench import hf_serial
@@ -340,7 +370,7 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
     )
     ax.set(
         xlabel="concurrent streams",
-        ylabel="tokens/s",
+        ylabel="tokens/s (all streams busy)",
         title="Throughput vs concurrency",
         xscale="log",
     )
@@ -389,24 +419,28 @@ async def _round(
 ) -> tuple[list[Sample], dict[str, Any]]:
     """The pipeline, then the engine alone (and ``generate`` when ``serial``) on ``bodies``."""
     busy0, steps0 = await _engine_counters(stack)
-    samples, wall = await closed_loop(stack, bodies, c, model)
+    samples, wall, tput = await closed_loop(stack, bodies, c, model)
     await asyncio.sleep(0.5)  # the worker's counters refresh when requests finish
     busy1, steps1 = await _engine_counters(stack)
-    tok_s = sum(x.tokens for x in samples) / wall
-    engine_tok_s, engine_ttft = base.engine_closed_loop(bodies, c)
+    engine, engine_ttft = base.engine_closed_loop(bodies, c)
+    # ``tok_s``: while all ``c`` streams are busy; ``_whole``: the drain included.
     row = {
-        "tok_s": tok_s,
+        "tok_s": tput.full,
+        "tok_s_whole": tput.whole,
         "req_s": len(samples) / wall,
         "engine_busy_share": (busy1 - busy0) / wall,
         "engine_steps": steps1 - steps0,
-        "engine_alone_tok_s": engine_tok_s,
+        "engine_alone_tok_s": engine.full,
+        "engine_alone_tok_s_whole": engine.whole,
         "engine_alone_ttft_p50_ms": pct(engine_ttft, 0.5) * 1000,
         "ttft_p50_ms": pct([x.ttft for x in samples], 0.5) * 1000,
-        "vs_engine_alone": tok_s / engine_tok_s,
+        "vs_engine_alone": tput.full / engine.full,
+        "vs_engine_alone_whole": tput.whole / engine.whole,
     }
     if serial:
         row["serial_generate_tok_s"] = base.serial_generate(bodies[:serial])
-        row["vs_serial_generate"] = tok_s / row["serial_generate_tok_s"]
+        row["vs_serial_generate"] = tput.full / row["serial_generate_tok_s"]
+        row["vs_serial_generate_whole"] = tput.whole / row["serial_generate_tok_s"]
     return samples, row
 
 
@@ -415,7 +449,7 @@ async def _ttft_probe(
 ) -> dict[str, float]:
     """TTFT p50 of short requests sent one at a time: the pipeline's, the engine's own."""
     bodies = [{**mix.body(), "max_tokens": cfg.probe_tokens} for _ in range(cfg.probe_requests)]
-    samples, _ = await closed_loop(stack, bodies, 1, model)
+    samples, _, _ = await closed_loop(stack, bodies, 1, model)
     _, engine_ttft = base.engine_closed_loop(bodies, 1)
     return {
         "probe_ttft_p50_ms": pct([x.ttft for x in samples], 0.5) * 1000,
@@ -465,9 +499,17 @@ async def measure(
                 rounds.append(row)
                 print(json.dumps({"concurrency": c, "round": r, **row}), flush=True)
             level = {"concurrency": c, "rounds": rounds, **_latency(pooled)}
-            for key in ("tok_s", "req_s", "engine_busy_share", "engine_alone_tok_s"):
+            for key in (
+                "tok_s",
+                "tok_s_whole",
+                "req_s",
+                "engine_busy_share",
+                "engine_alone_tok_s",
+                "engine_alone_tok_s_whole",
+                "vs_engine_alone",
+                "vs_engine_alone_whole",
+            ):
                 level[key] = _median(rounds, key)
-            level["vs_engine_alone"] = _median(rounds, "vs_engine_alone")
             report["closed_loop"].append(level)
         # Before the open loop, whose requests skip the edge: the stage means subtract
         # edge and worker figures over the same requests.
@@ -489,6 +531,9 @@ async def measure(
     report["ratios"] = {
         "pipeline_vs_engine_alone": _median(top_rounds, "vs_engine_alone"),
         "pipeline_vs_serial_generate": _median(top_rounds, "vs_serial_generate"),
+        # The same over whole runs, the drain with fewer streams included.
+        "pipeline_vs_engine_alone_whole": _median(top_rounds, "vs_engine_alone_whole"),
+        "pipeline_vs_serial_generate_whole": _median(top_rounds, "vs_serial_generate_whole"),
     }
     low = rows[min(cfg.concurrencies)]["rounds"]
     report["low_load"] = {
@@ -531,6 +576,7 @@ def run(
 
 def print_table(report: dict[str, Any]) -> None:
     print(
+        "\ntok/s while all streams are busy (the run with its drain: see the JSON)"
         "\n| streams | tok/s | engine alone tok/s | pipeline / engine | engine busy | req/s "
         "| TTFT p50/p95/p99 ms | ITL p50/p99 ms | e2e p50/p99 ms | prefix hits |"
     )
@@ -550,7 +596,9 @@ def print_table(report: dict[str, Any]) -> None:
         f"\npipeline at {top} streams (median of per-round ratios): "
         f"{ra['pipeline_vs_engine_alone']:.0%} of the engine alone, "
         f"{ra['pipeline_vs_serial_generate']:.1f}x HF generate one at a time "
-        f"({b['serial_generate_tok_s']:.0f} tok/s)"
+        f"({b['serial_generate_tok_s']:.0f} tok/s); over whole runs, the drain included: "
+        f"{ra['pipeline_vs_engine_alone_whole']:.0%} and "
+        f"{ra['pipeline_vs_serial_generate_whole']:.1f}x"
     )
     print(
         f"low load ({lo['concurrency']} stream): TTFT p50 {lo['ttft_p50_ms']:.1f} ms, the engine's "

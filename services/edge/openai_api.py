@@ -44,6 +44,11 @@ class _Common(BaseModel):
     user: str | None = Field(None, max_length=256)
     priority: Priority = Field(Priority.INTERACTIVE, description="tokenwire extension")
     ignore_eos: bool = Field(False, description="tokenwire extension: run to max_tokens")
+    return_token_ids: bool = Field(
+        False,
+        description="vLLM extension: each choice (each streamed chunk's too) carries the ids "
+        "of the tokens it holds (the completion's; prompt ids are not returned)",
+    )
     resumable: bool = Field(
         False,
         description="tokenwire extension: keep generating when the client disconnects, "

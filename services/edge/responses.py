@@ -118,6 +118,7 @@ class JsonRelay(_Relay):
         loop = asyncio.get_running_loop()
         idle_since = loop.time()
         text: list[str] = []
+        token_ids: list[int] = []
         while True:
             events = await stream.next(plan.st.settings.keepalive_s)
             if not events:
@@ -130,14 +131,17 @@ class JsonRelay(_Relay):
                 continue
             idle_since = loop.time()
             self._count(events)
-            text += [ev.get("text", "") for ev in events]
+            for ev in events:
+                text.append(ev.get("text", ""))
+                token_ids += ev.get("token_ids", ())
         last = stream.final_event or {}
         if last.get("error"):
             err = error_of(last)
             status = 400 if err["code"] in CLIENT_ERROR_CODES else 500
             await _json(send, status, {"error": {**err, "param": None}}, stream.request_id)
             return
-        await _json(send, 200, plan.shape.whole("".join(text), last), stream.request_id)
+        whole = plan.shape.whole("".join(text), last, token_ids)
+        await _json(send, 200, whole, stream.request_id)
 
 
 async def _body(send: Send, data: bytes, more: bool) -> None:

@@ -73,6 +73,8 @@ class Shape:
     request_id: str
     model: str
     created: int
+    # vLLM's ``return_token_ids``: each choice also carries the token ids it adds.
+    token_ids: bool = False
     chat: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -93,10 +95,13 @@ class Shape:
         """One event as the JSON of a streamed chunk."""
         if ev.get("finish_reason") is None:
             text = orjson.dumps(ev.get("text", ""))
+            tail = self._tail
+            if self.token_ids:
+                tail = b',"token_ids":' + orjson.dumps(ev.get("token_ids", [])) + tail
             if not self.chat:
-                return self._prefix + b'"text":' + text + self._tail
+                return self._prefix + b'"text":' + text + tail
             role = b'"role":"assistant",' if ev["seq"] == 0 else b""
-            return self._prefix + b'"delta":{' + role + b'"content":' + text + b"}" + self._tail
+            return self._prefix + b'"delta":{' + role + b'"content":' + text + b"}" + tail
         return orjson.dumps(self.final_chunk(ev))
 
     def final_chunk(self, ev: Event) -> dict[str, Any]:
@@ -106,10 +111,15 @@ class Shape:
             delta: dict[str, Any] = {"content": text}
             if ev["seq"] == 0:
                 delta["role"] = "assistant"
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, **self._ids(ev.get("token_ids", []))}
+            choice.update(logprobs=None, finish_reason=finish)
             return {**self.head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, **self._ids(ev.get("token_ids", []))}
+        choice.update(logprobs=None, finish_reason=finish)
         return {**self.head("text_completion"), "choices": [choice]}
+
+    def _ids(self, token_ids: list[int]) -> dict[str, Any]:
+        return {"token_ids": token_ids} if self.token_ids else {}
 
     def usage_chunk(self, ev: Event) -> bytes | None:
         """The extra chunk with ``usage`` and no choices (``stream_options.include_usage``)."""
@@ -125,12 +135,13 @@ class Shape:
             return frame({"error": error_of(ev)}, ev["seq"])
         return b"id: %d\ndata: %s\n\n" % (ev["seq"], self.chunk_json(ev))
 
-    def whole(self, text: str, last: Event) -> dict[str, Any]:
+    def whole(self, text: str, last: Event, token_ids: list[int] | None = None) -> dict[str, Any]:
         """The non-streamed response."""
         finish = last.get("finish_reason")
+        ids = self._ids(token_ids or [])
         if self.chat:
             msg = {"role": "assistant", "content": text}
-            choices = [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}]
-            return {**self.head("chat.completion"), "choices": choices, "usage": usage_of(last)}
-        choices = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
-        return {**self.head("text_completion"), "choices": choices, "usage": usage_of(last)}
+            choice = {"index": 0, "message": msg, **ids, "finish_reason": finish, "logprobs": None}
+            return {**self.head("chat.completion"), "choices": [choice], "usage": usage_of(last)}
+        choice = {"index": 0, "text": text, **ids, "logprobs": None, "finish_reason": finish}
+        return {**self.head("text_completion"), "choices": [choice], "usage": usage_of(last)}

@@ -141,6 +141,23 @@ async def test_openai_client_streaming_and_not_for_both_endpoints(edges: Edges) 
     assert finish == whole.choices[0].finish_reason
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
 
+    # vLLM's return_token_ids: the chunks' ids add up to the completion, streamed or not.
+    with_ids = {"model": MODEL, "prompt": prompt, "max_tokens": 20, "temperature": 0}
+    with_ids["return_token_ids"] = True
+    async with httpx.AsyncClient(timeout=60) as http:
+        r = await http.post(edges.url("a") + "/v1/completions", json=with_ids, headers=auth(ACME))
+        ids = r.json()["choices"][0]["token_ids"]
+        async with http.stream(
+            "POST",
+            edges.url("b") + "/v1/completions",
+            json={**with_ids, "stream": True},
+            headers=auth(ACME),
+        ) as resp:
+            chunks = [orjson.loads(d)["choices"][0] for i, d in await sse(resp) if i is not None]
+    assert len(ids) == whole.usage.completion_tokens
+    assert [t for c in chunks for t in c["token_ids"]] == ids
+    assert "".join(c["text"] for c in chunks) == whole.choices[0].text
+
     messages: list[ChatCompletionMessageParam] = [
         {"role": "user", "content": "What does the function return?"}
     ]

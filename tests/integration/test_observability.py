@@ -140,6 +140,7 @@ def test_bench_e2e_smoke_reports_every_figure(
             assert set(row[key]) == {"p50", "p95", "p99"}
         assert row["tok_s"] > 0 and row["req_s"] > 0 and 0 <= row["prefix_hit_rate"] <= 1
         assert row["engine_alone_tok_s"] > 0 and 0 < row["engine_busy_share"] <= 1.05
+        assert row["tok_s_whole"] > 0 and row["engine_alone_tok_s_whole"] > 0
         assert row["rounds"] and all(r["vs_engine_alone"] > 0 for r in row["rounds"])
     assert report["open_loop"] and all(r["e2e_ms"]["p50"] > 0 for r in report["open_loop"])
     stages = report["stages"]
@@ -152,7 +153,8 @@ def test_bench_e2e_smoke_reports_every_figure(
     ):
         assert stages[key] is not None, key
     assert stages["batch_size_cumulative"]
-    assert set(report["ratios"]) == {"pipeline_vs_engine_alone", "pipeline_vs_serial_generate"}
+    ratios = ("pipeline_vs_engine_alone", "pipeline_vs_serial_generate")
+    assert set(report["ratios"]) == {*ratios, *(r + "_whole" for r in ratios)}
     low = report["low_load"]
     assert low["ttft_p50_ms"] > 0 and low["engine_alone_ttft_p50_ms"] > 0
     assert math.isfinite(low["added_ttft_p50_ms"])

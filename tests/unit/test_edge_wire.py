@@ -54,14 +54,19 @@ def test_sse_frames_carry_the_seq_as_id() -> None:
     assert DONE == b"data: [DONE]\n\n"
 
 
+@pytest.mark.parametrize("ids", [False, True])
 @pytest.mark.parametrize("rid", ["cmpl-abc", "chatcmpl-abc"])
-def test_fast_chunks_equal_the_dict_shape(rid: str) -> None:
-    shape = Shape(rid, "tokenwire-tiny", 123)
-    for ev in ({"seq": 0, "text": 'a "quoted"\n é'}, {"seq": 3, "text": ""}):
+def test_fast_chunks_equal_the_dict_shape(rid: str, ids: bool) -> None:
+    shape = Shape(rid, "tokenwire-tiny", 123, token_ids=ids)
+    for ev in (
+        {"seq": 0, "text": 'a "quoted"\n é', "token_ids": [7, 8]},
+        {"seq": 3, "text": ""},
+    ):
         fast = orjson.loads(shape.chunk_json(ev))
         expected = shape.final_chunk({**ev, "finish_reason": "x"})
         expected["choices"][0]["finish_reason"] = None
         assert fast == expected
+        assert fast["choices"][0].get("token_ids") == (ev.get("token_ids", []) if ids else None)
     sse = shape.sse({"seq": 4, "text": "hi"})
     assert sse.startswith(b"id: 4\ndata: {") and sse.endswith(b"\n\n")
 
@@ -83,6 +88,9 @@ def test_final_chunk_usage_and_whole_response() -> None:
     assert whole["object"] == "chat.completion"
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": "abc!"}
     assert whole["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+    assert "token_ids" not in whole["choices"][0]
+    with_ids = Shape("cmpl-1", "m", 1, token_ids=True).whole("abc!", last, [4, 5, 6])
+    assert with_ids["choices"][0]["token_ids"] == [4, 5, 6]
 
 
 def test_error_events_render_as_openai_errors() -> None:

@@ -47,7 +47,12 @@ async def generate(request: Request, who: Principal, body: CompletionBody | Chat
     plan = RelayPlan(
         st,
         stream,
-        Shape(req.request_id, st.settings.model_name, created_of(req.request_id)),
+        Shape(
+            req.request_id,
+            st.settings.model_name,
+            created_of(req.request_id),
+            token_ids=body.return_token_ids,
+        ),
         who.tenant,
         cancel_on_disconnect=not body.resumable,
         include_usage=body.include_usage,

@@ -32,6 +32,7 @@ async def resume(
         int | None, Query(ge=-1, le=1 << 40, description="same as Last-Event-ID")
     ] = None,
     include_usage: bool = True,
+    return_token_ids: bool = False,
 ) -> Response:
     """The request's events after ``Last-Event-ID`` (all of them without one), then the
     live rest, as SSE. Works on any edge, during or after generation while the log lives."""
@@ -44,7 +45,9 @@ async def resume(
     except TimeoutError:
         stream.close()
         raise unavailable("the token stream is not reachable", code="stream_unavailable") from None
-    shape = Shape(request_id, st.settings.model_name, created_of(request_id))
+    shape = Shape(
+        request_id, st.settings.model_name, created_of(request_id), token_ids=return_token_ids
+    )
     plan = RelayPlan(
         st, stream, shape, who.tenant, cancel_on_disconnect=False, include_usage=include_usage
     )
