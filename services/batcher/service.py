@@ -54,6 +54,9 @@ AFFINITY_CHARS = 2048  # enough text for AFFINITY_BLOCKS blocks of tokens
 TRANSIT_MARGIN_S = 0.02  # a batch sent this long before a heartbeat may not be in it yet
 SENT_MEMORY_S = 5.0
 WORKER_TTL_S = 3.0  # a worker silent this long is gone (its heartbeat key expired too)
+# Each tick ends by refreshing the worker view, so a request that arrives is routed on a
+# view from just before it (no Redis round trip on its path) unless that is older than this.
+VIEW_MAX_AGE_S = 0.1
 
 
 @dataclass(slots=True)
@@ -178,7 +181,8 @@ class BatcherService:
         rejected += self._expire(now)
         if rejected:
             await self._reject(rejected)
-        workers = await self._load_workers()
+        fresh = now - self._workers_at < VIEW_MAX_AGE_S
+        workers = self._workers if fresh else await self._load_workers(force=True)
         oldest = self.queue.oldest()
         wait_ms = (now - oldest) * 1000 if oldest is not None else 0.0
         free = sum(w.free_slots for w in workers) if workers else None
@@ -187,6 +191,7 @@ class BatcherService:
         await self._commit()
         self._apply_backpressure()
         await self._publish_status()
+        await self._load_workers()  # for the next tick, while nothing waits on it
 
     def _fetch_size(self) -> int:
         room = self.settings.max_queued_requests - len(self.queue)

@@ -18,6 +18,7 @@ from services.edge.auth import Principal
 from services.edge.errors import ApiError, bad_request, rate_limited, unavailable
 from services.edge.model_info import INLINE_TOKENIZE_CHARS, TemplateError
 from services.edge.openai_api import ChatBody, CompletionBody
+from services.edge.relay import EventStream
 from services.edge.shapes import new_request_id
 from services.edge.state import EdgeState
 from shared.codec import encode
@@ -60,15 +61,34 @@ async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) 
         raise bad_request(f"invalid request: {exc.errors()[0]['msg']}") from None
 
 
-async def publish(st: EdgeState, req: GenerateRequest) -> None:
-    """Record the owner, then hand the request to Kafka (acks=all)."""
+async def submit(st: EdgeState, req: GenerateRequest) -> EventStream:
+    """Subscribe to the request's stream and record its owner (together: two Redis round
+    trips in the time of one), then hand it to Kafka (acks=all). The stream is subscribed
+    before the request exists anywhere, so no event can precede it and the replay log need
+    not be read."""
     names = st.names
-    await st.redis.set(names.owner(req.request_id), req.tenant, ex=st.settings.owner_ttl_s)
+    stream = EventStream(st.hub, st.redis, names, req.request_id, after_seq=-1)
+    owner = st.redis.set(names.owner(req.request_id), req.tenant, ex=st.settings.owner_ttl_s)
     try:
-        await st.producer.send_and_wait(names.requests, encode(req), key=req.request_id.encode())
-    except KafkaError as exc:
-        raise unavailable(f"cannot queue the request: {exc}", code="queue_unavailable") from None
+        # Both run to the end, so a failure of one never leaves the other half done.
+        for res in await asyncio.gather(stream.open(replay=False), owner, return_exceptions=True):
+            if isinstance(res, TimeoutError):
+                raise unavailable("the token stream is not reachable", code="stream_unavailable")
+            if isinstance(res, BaseException):
+                raise res
+        try:
+            await st.producer.send_and_wait(
+                names.requests, encode(req), key=req.request_id.encode()
+            )
+        except KafkaError as exc:
+            raise unavailable(
+                f"cannot queue the request: {exc}", code="queue_unavailable"
+            ) from None
+    except BaseException:
+        stream.close()
+        raise
     st.metrics.submitted.labels("chat" if req.messages is not None else "completions").inc()
+    return stream
 
 
 async def _count(st: EdgeState, body: CompletionBody | ChatBody) -> int:
@@ -135,4 +155,4 @@ def _shed(st: EdgeState) -> None:
         )
 
 
-__all__ = ["ApiError", "admit", "publish"]
+__all__ = ["ApiError", "admit", "submit"]

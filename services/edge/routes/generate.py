@@ -6,13 +6,11 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from services.edge.auth import Principal
-from services.edge.errors import unavailable
 from services.edge.openai_api import ChatBody, CompletionBody
-from services.edge.relay import EventStream
 from services.edge.responses import JsonRelay, RelayPlan, SseRelay
 from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
 from services.edge.shapes import Shape, created_of
-from services.edge.submit import admit, publish
+from services.edge.submit import admit, submit
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
@@ -32,18 +30,7 @@ async def chat_completions(body: ChatBody, request: Request, who: Caller) -> Res
 async def generate(request: Request, who: Principal, body: CompletionBody | ChatBody) -> Response:
     st = edge_state(request)
     req = await admit(st, who, body)
-    stream = EventStream(st.hub, st.redis, st.names, req.request_id, after_seq=-1)
-    try:
-        # Subscribed before the request exists anywhere, so no event can precede us and
-        # the replay log need not be read.
-        await stream.open(replay=False)
-    except TimeoutError:
-        raise unavailable("the token stream is not reachable", code="stream_unavailable") from None
-    try:
-        await publish(st, req)
-    except BaseException:
-        stream.close()
-        raise
+    stream = await submit(st, req)
     plan = RelayPlan(
         st,
         stream,

@@ -27,7 +27,7 @@ from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
 from services.edge.shapes import Shape, created_of, error_of, usage_of
 from services.edge.state import EdgeState
-from services.edge.submit import admit, publish
+from services.edge.submit import admit, submit
 
 router = APIRouter()
 BODIES: dict[str, type[CompletionBody] | type[ChatBody]] = {
@@ -66,13 +66,7 @@ async def _handle(ws: WebSocket, st: EdgeState, who: Principal, msg: dict[str, A
             loc = ".".join(str(p) for p in first["loc"])
             raise bad_request(f"{loc}: {first['msg']}" if loc else str(first["msg"])) from None
         req = await admit(st, who, body)
-        stream = EventStream(st.hub, st.redis, st.names, req.request_id, after_seq=-1)
-        await stream.open(replay=False)
-        try:
-            await publish(st, req)
-        except BaseException:
-            stream.close()
-            raise
+        stream = await submit(st, req)
         shape = Shape(req.request_id, st.settings.model_name, created_of(req.request_id))
         await _relay(ws, st, who, stream, shape, cancel_on_disconnect=not body.resumable)
     elif kind == "resume":
