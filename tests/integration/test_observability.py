@@ -157,7 +157,8 @@ def test_bench_e2e_smoke_reports_every_figure(
     assert set(report["ratios"]) == {*ratios, *(r + "_whole" for r in ratios)}
     low = report["low_load"]
     assert low["ttft_p50_ms"] > 0 and low["engine_alone_ttft_p50_ms"] > 0
-    assert math.isfinite(low["added_ttft_p50_ms"])
+    assert math.isfinite(low["added_ttft_p50_ms"]) and math.isfinite(low["p50_difference_ms"])
+    assert len(low["added_ttft_p50_ms_by_round"]) == len(report["closed_loop"][0]["rounds"])
     assert all(math.isfinite(x) for x in _numbers(report["ratios"]) + _numbers(report["baselines"]))
     for plot in report["plots"]:
         assert Path(plot).stat().st_size > 1000
