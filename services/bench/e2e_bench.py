@@ -160,6 +160,14 @@ class Throughput:
     full: float
 
 
+PROBE_GAP_S = 0.1
+
+
+def _client(stack: Stack, concurrency: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    return httpx.AsyncClient(timeout=300, limits=limits, headers=stack.auth_headers())
+
+
 async def closed_loop(
     stack: Stack, bodies: list[dict[str, Any]], concurrency: int, model: str
 ) -> tuple[list[Sample], float, Throughput]:
@@ -167,10 +175,7 @@ async def closed_loop(
     samples, the wall time and the tokens/s."""
     url = stack.url() + "/v1/completions"
     samples: list[Sample] = []
-    limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(
-        timeout=300, limits=limits, headers=stack.auth_headers()
-    ) as client:
+    async with _client(stack, concurrency) as client:
         queue = [{**b, "model": model} for b in bodies]
         idle_at: list[float] = []  # when each client found the queue empty
 
@@ -182,9 +187,11 @@ async def closed_loop(
         t0 = time.perf_counter()
         await asyncio.gather(*(client_loop() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
+    tokens = sum(n for x in samples for _, n in x.arrivals)
+    if len(bodies) <= concurrency:  # never more requests than streams: no busy phase
+        return samples, wall, Throughput(tokens / wall, tokens / wall)
     full = min(idle_at)
     in_full = sum(n for x in samples for t, n in x.arrivals if t <= full)
-    tokens = sum(n for x in samples for _, n in x.arrivals)
     return samples, wall, Throughput(tokens / wall, in_full / (full - t0))
 
 
@@ -314,7 +321,7 @@ class Baselines:
         full: tuple[float, int] | None = None  # when fewer streams began to run; tokens then
         t0 = time.perf_counter()
         while queue or engine.has_work:
-            if full is None and not queue and inflight < concurrency:
+            if full is None and not queue and inflight < concurrency < len(bodies):
                 full = time.perf_counter(), produced
             while queue and inflight < concurrency:
                 prompt, max_tokens = queue.pop()
@@ -448,15 +455,26 @@ async def _ttft_probe(
     stack: Stack, base: Baselines, mix: Mix, cfg: E2EConfig, model: str
 ) -> dict[str, Any]:
     """TTFT of short requests sent one at a time: the pipeline's and the engine's own p50,
-    and what the pipeline added to each request (its TTFT minus the engine's on it)."""
-    bodies = [{**mix.body(), "max_tokens": cfg.probe_tokens} for _ in range(cfg.probe_requests)]
-    samples, _, _ = await closed_loop(stack, bodies, 1, model)
-    _, engine_ttft = base.engine_closed_loop(bodies, 1)
-    # One at a time, both take the bodies from the end: the i-th results are one request's.
-    added = [(x.ttft - e) * 1000 for x, e in zip(samples, engine_ttft, strict=True)]
+    and what the pipeline added to each request (its TTFT minus the engine's on it). Each
+    request runs through both back to back, alternating which goes first, so the pair sees
+    the same machine: its speed drifts by tens of percent within seconds. Each run starts
+    from a settled system (the previous request's trailing work done), as at low load."""
+    url = stack.url() + "/v1/completions"
+    pipeline: list[float] = []
+    engine: list[float] = []
+    async with _client(stack, 1) as client:
+        for i in range(cfg.probe_requests):
+            body = {**mix.body(), "max_tokens": cfg.probe_tokens}
+            for turn in (i % 2, 1 - i % 2):
+                await asyncio.sleep(PROBE_GAP_S)
+                if turn == 0:
+                    pipeline.append((await sse_request(client, url, {**body, "model": model})).ttft)
+                else:
+                    engine += base.engine_closed_loop([body], 1)[1]
+    added = [(p - e) * 1000 for p, e in zip(pipeline, engine, strict=True)]
     return {
-        "probe_ttft_p50_ms": pct([x.ttft for x in samples], 0.5) * 1000,
-        "probe_engine_ttft_p50_ms": pct(engine_ttft, 0.5) * 1000,
+        "probe_ttft_p50_ms": pct(pipeline, 0.5) * 1000,
+        "probe_engine_ttft_p50_ms": pct(engine, 0.5) * 1000,
         "probe_added_p50_ms": statistics.median(added),
         "probe_added_ms": [round(a, 2) for a in added],
     }
