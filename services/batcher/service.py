@@ -54,9 +54,12 @@ AFFINITY_CHARS = 2048  # enough text for AFFINITY_BLOCKS blocks of tokens
 TRANSIT_MARGIN_S = 0.02  # a batch sent this long before a heartbeat may not be in it yet
 SENT_MEMORY_S = 5.0
 WORKER_TTL_S = 3.0  # a worker silent this long is gone (its heartbeat key expired too)
-# Each tick ends by refreshing the worker view, so a request that arrives is routed on a
-# view from just before it (no Redis round trip on its path) unless that is older than this.
-VIEW_MAX_AGE_S = 0.1
+# Ticks end by refreshing the worker view, so a request that arrives is routed on a view
+# from before it (no Redis round trip on its path) unless that is older than this. Workers
+# beat every second, or at most every 50 ms when requests finish; what this batcher sent
+# since a beat is subtracted from it.
+VIEW_MAX_AGE_S = 0.25
+IDLE_POLL_S = 0.05  # how long a tick waits for requests when none is queued
 
 
 @dataclass(slots=True)
@@ -166,7 +169,7 @@ class BatcherService:
 
     # --- one tick ---------------------------------------------------------------------
     async def _tick(self) -> None:
-        poll_ms = 5 if len(self.queue) else 50
+        poll_ms = 5 if len(self.queue) else int(IDLE_POLL_S * 1000)
         records = await self.consumer.getmany(timeout_ms=poll_ms, max_records=self._fetch_size())
         now = time.time()
         rejected = []
@@ -191,7 +194,11 @@ class BatcherService:
         await self._commit()
         self._apply_backpressure()
         await self._publish_status()
-        await self._load_workers()  # for the next tick, while nothing waits on it
+        # The next tick's view, while nothing waits on it: fresh while requests wait for
+        # room; otherwise just fresh enough for an arrival during the next poll.
+        idle_refresh_s = VIEW_MAX_AGE_S - IDLE_POLL_S
+        if len(self.queue) or time.time() - self._workers_at >= idle_refresh_s:
+            await self._load_workers()
 
     def _fetch_size(self) -> int:
         room = self.settings.max_queued_requests - len(self.queue)

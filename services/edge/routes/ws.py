@@ -67,7 +67,12 @@ async def _handle(ws: WebSocket, st: EdgeState, who: Principal, msg: dict[str, A
             raise bad_request(f"{loc}: {first['msg']}" if loc else str(first["msg"])) from None
         req = await admit(st, who, body)
         stream = await submit(st, req)
-        shape = Shape(req.request_id, st.settings.model_name, created_of(req.request_id))
+        shape = Shape(
+            req.request_id,
+            st.settings.model_name,
+            created_of(req.request_id),
+            token_ids=body.return_token_ids,
+        )
         await _relay(ws, st, who, stream, shape, cancel_on_disconnect=not body.resumable)
     elif kind == "resume":
         rid = str(msg.get("request_id", ""))
