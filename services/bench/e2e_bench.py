@@ -160,9 +160,6 @@ class Throughput:
     full: float
 
 
-PROBE_GAP_S = 0.1
-
-
 def _client(stack: Stack, concurrency: int) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=concurrency + 4)
     return httpx.AsyncClient(timeout=300, limits=limits, headers=stack.auth_headers())
@@ -416,7 +413,9 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
 
 
 async def _engine_counters(stack: Stack) -> tuple[float, float]:
-    """The worker's engine busy seconds and steps so far."""
+    """The worker's engine busy seconds and steps so far, once the work before is counted:
+    the worker refreshes its metrics on the heartbeat that follows finished requests."""
+    await asyncio.sleep(0.5)
     m = await scrape(f"http://127.0.0.1:{stack.metrics_ports['worker']}/metrics")
     return m.get("tw_engine_busy_seconds_total", 0.0), m.get("tw_engine_steps_total", 0.0)
 
@@ -427,7 +426,6 @@ async def _round(
     """The pipeline, then the engine alone (and ``generate`` when ``serial``) on ``bodies``."""
     busy0, steps0 = await _engine_counters(stack)
     samples, wall, tput = await closed_loop(stack, bodies, c, model)
-    await asyncio.sleep(0.5)  # the worker's counters refresh when requests finish
     busy1, steps1 = await _engine_counters(stack)
     engine, engine_ttft = base.engine_closed_loop(bodies, c)
     # ``tok_s``: while all ``c`` streams are busy; ``_whole``: the drain included.
@@ -449,6 +447,9 @@ async def _round(
         row["vs_serial_generate"] = tput.full / row["serial_generate_tok_s"]
         row["vs_serial_generate_whole"] = tput.whole / row["serial_generate_tok_s"]
     return samples, row
+
+
+PROBE_GAP_S = 0.1  # the low-load probe lets the system settle this long before each run
 
 
 async def _ttft_probe(
