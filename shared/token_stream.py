@@ -27,17 +27,29 @@ def log_id(seq: int) -> str:
     return f"0-{seq + 1}"
 
 
+def event_commands(
+    names: Names, events: Sequence[TokenEvent], *, ttl_s: int = LOG_TTL_S
+) -> list[tuple[bytes, ...]]:
+    """The commands that append ``events`` to their logs and publish them, in order."""
+    out: list[tuple[bytes, ...]] = []
+    maxlen, ttl = b"%d" % LOG_MAXLEN, b"%d" % ttl_s
+    for ev in events:
+        data = encode(ev)
+        log_key = names.token_log(ev.request_id).encode()
+        entry = log_id(ev.seq).encode()
+        out.append((b"XADD", log_key, b"MAXLEN", b"~", maxlen, entry, b"d", data))
+        if ev.seq == 0 or ev.final:
+            out.append((b"EXPIRE", log_key, ttl))
+        out.append((b"PUBLISH", names.token_channel(ev.request_id).encode(), data))
+    return out
+
+
 def queue_events(
     pipe: Any, names: Names, events: Sequence[TokenEvent], *, ttl_s: int = LOG_TTL_S
 ) -> None:
-    """Add the commands that append and publish ``events`` to a Redis pipeline."""
-    for ev in events:
-        data = encode(ev)
-        log_key = names.token_log(ev.request_id)
-        pipe.xadd(log_key, {"d": data}, id=log_id(ev.seq), maxlen=LOG_MAXLEN, approximate=True)
-        if ev.seq == 0 or ev.final:
-            pipe.expire(log_key, ttl_s)
-        pipe.publish(names.token_channel(ev.request_id), data)
+    """Add the commands that append and publish ``events`` to a redis-py pipeline."""
+    for cmd in event_commands(names, events, ttl_s=ttl_s):
+        pipe.execute_command(*cmd)
 
 
 async def publish_events(

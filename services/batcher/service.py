@@ -59,7 +59,10 @@ WORKER_TTL_S = 3.0  # a worker silent this long is gone (its heartbeat key expir
 # beat every second, or at most every 50 ms when requests finish; what this batcher sent
 # since a beat is subtracted from it.
 VIEW_MAX_AGE_S = 0.25
-IDLE_POLL_S = 0.05  # how long a tick waits for requests when none is queued
+# How long a tick waits for requests when none is queued. An arrival ends the wait at
+# once; each idle tick refreshes the view (5 Redis reads a second; an idle batcher took
+# 0.018 cores with 50 ms ticks, 0.009 with these).
+IDLE_POLL_S = 0.2
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ import statistics
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.bench.cluster import Stack, StreamRecorder, make_stack
+from services.bench.sse_client import SsePool
 from shared.codec import encode
 from shared.messages import GenerateRequest, Priority, SamplingParams
 
@@ -103,6 +105,9 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"p50": pct(values, 0.5), "p95": pct(values, 0.95), "p99": pct(values, 0.99)}
 
 
+COMPLETIONS = "/v1/completions"
+
+
 @dataclass
 class Sample:
     ttft: float
@@ -114,40 +119,41 @@ class Sample:
     arrivals: list[tuple[float, int]]  # (perf_counter, tokens) of each chunk
 
 
-async def sse_request(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Sample:
+async def sse_request(pool: SsePool, body: dict[str, Any]) -> Sample:
+    """One streamed completion; each chunk is timed and counted as it arrives."""
     t0 = time.perf_counter()
-    first = last = 0.0
-    itl: list[float] = []
     arrivals: list[tuple[float, int]] = []
-    tokens = prompt = cached = 0
+    usage: dict[str, Any] = {}
+
+    def on_data(payload: bytes, now: float) -> None:
+        if payload == b"[DONE]":
+            return
+        chunk = orjson.loads(payload)
+        if chunk.get("usage"):
+            usage.update(chunk["usage"])
+        if chunk.get("choices"):
+            arrivals.append((now, len(chunk["choices"][0].get("token_ids", ()))))
+
     body = {
         **body,
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,  # so tokens are counted as they arrive
     }
-    async with client.stream("POST", url, json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[6:])
-            now = time.perf_counter()
-            if chunk.get("usage"):
-                u = chunk["usage"]
-                tokens, prompt = u["completion_tokens"], u["prompt_tokens"]
-                cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-            if not chunk.get("choices"):
-                continue
-            arrivals.append((now, len(chunk["choices"][0].get("token_ids", ()))))
-            if first == 0.0:
-                first = now
-            else:
-                itl.append(now - last)
-            last = now
-    if sum(n for _, n in arrivals) != tokens:
+    await pool.post(COMPLETIONS, orjson.dumps(body), on_data)
+    tokens = usage.get("completion_tokens", 0)
+    if not arrivals or sum(n for _, n in arrivals) != tokens:
         raise RuntimeError(f"the chunks' token ids do not add up to usage ({tokens} tokens)")
-    return Sample(first - t0, itl, last - t0, tokens, prompt, cached, arrivals)
+    times = [t for t, _ in arrivals]
+    return Sample(
+        ttft=times[0] - t0,
+        itl=[b - a for a, b in pairwise(times)],
+        e2e=times[-1] - t0,
+        tokens=tokens,
+        prompt_tokens=usage.get("prompt_tokens", 0),
+        cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+        arrivals=arrivals,
+    )
 
 
 @dataclass
@@ -160,9 +166,8 @@ class Throughput:
     full: float
 
 
-def _client(stack: Stack, concurrency: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=concurrency + 4)
-    return httpx.AsyncClient(timeout=300, limits=limits, headers=stack.auth_headers())
+def _pool(stack: Stack) -> SsePool:
+    return SsePool("127.0.0.1", stack.edge_ports["edge"], stack.auth_headers())
 
 
 async def closed_loop(
@@ -170,15 +175,14 @@ async def closed_loop(
 ) -> tuple[list[Sample], float, Throughput]:
     """``concurrency`` clients send ``bodies`` (from the end) one after another; the
     samples, the wall time and the tokens/s."""
-    url = stack.url() + "/v1/completions"
     samples: list[Sample] = []
-    async with _client(stack, concurrency) as client:
+    async with _pool(stack) as pool:
         queue = [{**b, "model": model} for b in bodies]
         idle_at: list[float] = []  # when each client found the queue empty
 
         async def client_loop() -> None:
             while queue:
-                samples.append(await sse_request(client, url, queue.pop()))
+                samples.append(await sse_request(pool, queue.pop()))
             idle_at.append(time.perf_counter())
 
         t0 = time.perf_counter()
@@ -460,16 +464,15 @@ async def _ttft_probe(
     request runs through both back to back, alternating which goes first, so the pair sees
     the same machine: its speed drifts by tens of percent within seconds. Each run starts
     from a settled system (the previous request's trailing work done), as at low load."""
-    url = stack.url() + "/v1/completions"
     pipeline: list[float] = []
     engine: list[float] = []
-    async with _client(stack, 1) as client:
+    async with _pool(stack) as pool:
         for i in range(cfg.probe_requests):
             body = {**mix.body(), "max_tokens": cfg.probe_tokens}
             for turn in (i % 2, 1 - i % 2):
                 await asyncio.sleep(PROBE_GAP_S)
                 if turn == 0:
-                    pipeline.append((await sse_request(client, url, {**body, "model": model})).ttft)
+                    pipeline.append((await sse_request(pool, {**body, "model": model})).ttft)
                 else:
                     engine += base.engine_closed_loop([body], 1)[1]
     added = [(p - e) * 1000 for p, e in zip(pipeline, engine, strict=True)]

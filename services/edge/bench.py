@@ -36,8 +36,8 @@ import httpx
 import orjson
 import redis.asyncio as aioredis
 
-from services.edge.hub import RespParser, command
 from shared.names import Names
+from shared.resp import RespParser, command
 from shared.settings import CommonSettings
 from shared.token_stream import log_id
 

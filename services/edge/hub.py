@@ -3,7 +3,8 @@
 Each stream registers a mailbox for its channel; the hub's reader task parses the socket and
 drops each message's bytes into the mailboxes of its channel. Nothing per message but a dict
 lookup and ``put_nowait``: redis-py's ``PubSub`` spends ~30 µs per message in retry and
-observability wrappers, about as much as the rest of the relay, so the hub speaks RESP itself.
+observability wrappers, about as much as the rest of the relay, so the hub speaks RESP itself
+(``shared.resp``).
 
 After a reconnect every channel is subscribed again and its mailboxes receive ``RESYNC``: what
 was published while the connection was down is in the replay log, which the stream reads.
@@ -16,9 +17,9 @@ import contextlib
 import functools
 import logging
 from collections import deque
-from typing import Any, Final
+from typing import Final
 
-from redis.connection import parse_url
+from shared.resp import RedisReplyError, RespParser, command, connect
 
 log = logging.getLogger(__name__)
 
@@ -67,93 +68,6 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-_MESSAGE_HEAD = b"*3\r\n$7\r\nmessage\r\n$"  # a pub/sub message, up to its channel's length
-
-
-class RespParser:
-    """Incremental parser of the RESP2 replies a subscribed connection receives. Pub/sub
-    messages, nearly all of the traffic, take a flat fast path."""
-
-    def __init__(self) -> None:
-        self._buf = b""
-
-    def feed(self, data: bytes) -> list[Any]:
-        """Add bytes; return every complete reply now available."""
-        buf = self._buf + data if self._buf else data
-        end = len(buf)
-        out: list[Any] = []
-        pos = 0
-        while pos < end:
-            if buf.startswith(_MESSAGE_HEAD, pos):
-                msg, nxt = _message(buf, pos + len(_MESSAGE_HEAD))
-            else:
-                msg, nxt = _parse(buf, pos)
-            if nxt < 0:
-                break
-            out.append(msg)
-            pos = nxt
-        self._buf = buf[pos:]
-        return out
-
-
-def _message(buf: bytes, pos: int) -> tuple[Any, int]:
-    """``[b"message", channel, data]`` from just after ``$`` of the channel's length."""
-    eol = buf.find(b"\r\n", pos)
-    if eol < 0:
-        return None, -1
-    start = eol + 2
-    stop = start + int(buf[pos:eol])
-    eol = buf.find(b"\r\n", stop + 3)  # skip the channel's CRLF and the data's "$"
-    if eol < 0:
-        return None, -1
-    data = eol + 2
-    data_end = data + int(buf[stop + 3 : eol])
-    if len(buf) < data_end + 2:
-        return None, -1
-    return [b"message", buf[start:stop], buf[data:data_end]], data_end + 2
-
-
-def _parse(buf: bytes, pos: int) -> tuple[Any, int]:
-    """Any RESP2 reply at ``pos``: (value, end), or (None, -1) while incomplete."""
-    eol = buf.find(b"\r\n", pos)
-    if eol < 0:
-        return None, -1
-    kind, body = buf[pos : pos + 1], buf[pos + 1 : eol]
-    nxt = eol + 2
-    if kind == b"$":
-        n = int(body)
-        if n < 0:
-            return None, nxt
-        if len(buf) < nxt + n + 2:
-            return None, -1
-        return buf[nxt : nxt + n], nxt + n + 2
-    if kind == b"*":
-        items = []
-        for _ in range(int(body)):
-            item, nxt = _parse(buf, nxt)
-            if nxt < 0:
-                return None, -1
-            items.append(item)
-        return items, nxt
-    if kind == b":":
-        return int(body), nxt
-    if kind == b"-":
-        return RedisReplyError(body.decode(errors="replace")), nxt
-    return body, nxt  # "+" simple string
-
-
-class RedisReplyError(Exception):
-    """An error reply from Redis on the subscriber connection."""
-
-
-def command(*parts: bytes) -> bytes:
-    """A RESP2 command."""
-    out = [b"*%d\r\n" % len(parts)]
-    for p in parts:
-        out.append(b"$%d\r\n%s\r\n" % (len(p), p))
-    return b"".join(out)
-
-
 class Hub:
     """The shared subscriber. ``subscribe`` returns once Redis confirms the subscription,
     so a reader that subscribes, then reads the log, cannot miss an event."""
@@ -162,7 +76,7 @@ class Hub:
         self, redis_url: str, *, name: str = "tw-edge", subscribe_timeout_s: float = 5.0
     ) -> None:
         self.name = name  # the connection's CLIENT name, as CLIENT LIST shows it
-        self._url = parse_url(redis_url)
+        self._url = redis_url
         self._timeout = subscribe_timeout_s
         self._sinks: dict[bytes, set[Mailbox]] = {}
         self._ready: dict[bytes, asyncio.Future[None]] = {}
@@ -228,24 +142,7 @@ class Hub:
             self._writer.write(data)  # while disconnected, the reconnect subscribes again
 
     async def _connect(self) -> asyncio.StreamReader:
-        u = self._url
-        ssl = u.get("connection_class") is not None and "SSL" in u["connection_class"].__name__
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(u.get("host", "127.0.0.1"), u.get("port", 6379), ssl=ssl),
-            self._timeout,
-        )
-        hello = []
-        if u.get("password"):
-            auth = [u["username"].encode()] if u.get("username") else []
-            hello.append(command(b"AUTH", *auth, u["password"].encode()))
-        hello.append(command(b"CLIENT", b"SETNAME", self.name.encode()))  # for operators
-        for cmd in hello:
-            writer.write(cmd)
-            line = await asyncio.wait_for(reader.readline(), self._timeout)
-            if not line.startswith(b"+"):
-                writer.close()
-                raise RedisReplyError(line.decode(errors="replace").strip())
-        self._writer = writer
+        reader, self._writer = await connect(self._url, name=self.name, timeout_s=self._timeout)
         self._connected.set()
         return reader
 

@@ -50,6 +50,7 @@ from shared.messages import (
 )
 from shared.metrics import serve_metrics
 from shared.prompts import prompt_token_ids
+from shared.resp import RedisReplyError, RespWriter, command
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class WorkerService:
         self.runner = runner
         self.tokenizer = tokenizer
         self.redis: aioredis.Redis = aioredis.Redis.from_url(settings.redis_url)
+        # Token events (nearly all of this worker's Redis traffic) bypass redis-py.
+        self.events_out = RespWriter(settings.redis_url, name=f"tw-worker-{settings.worker_id}")
         self.producer: AIOKafkaProducer = make_producer(settings, client_id=settings.worker_id)
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings,
@@ -158,6 +161,7 @@ class WorkerService:
             wid = self.settings.worker_id
             registry.withdraw(pipe, self.names.workers_index, wid, self.names.heartbeat(wid))
             await pipe.execute()
+        await self.events_out.aclose()
         await self.redis.aclose()
 
     async def hand_back(self, partitions: list[int]) -> None:
@@ -378,17 +382,18 @@ class WorkerService:
         await self._send_completions([(st, ev) for st, ev in pairs if ev.final])
 
     async def _publish_events(self, pairs: list[tuple[StreamState, TokenEvent]]) -> None:
-        """All events of a step in one Redis pipeline, with done markers for finished ones."""
+        """All events of a step in one write, with done markers for finished ones."""
         if not pairs:
             return
-        pipe = self.redis.pipeline(transaction=False)
-        token_stream.queue_events(pipe, self.names, [ev for _, ev in pairs])
-        finals = [(st, ev) for st, ev in pairs if ev.final]
-        for _, ev in finals:
-            pipe.set(self.names.done_marker(ev.request_id), b"1", ex=self.settings.done_ttl_s)
-            pipe.delete(self.names.claim(ev.request_id))
-        for res in await pipe.execute(raise_on_error=False):
-            if isinstance(res, Exception):  # e.g. an event another worker logged first
+        cmds = token_stream.event_commands(self.names, [ev for _, ev in pairs])
+        done_ttl = b"%d" % self.settings.done_ttl_s
+        for _, ev in pairs:
+            if ev.final:
+                rid = ev.request_id
+                cmds.append((b"SET", self.names.done_marker(rid).encode(), b"1", b"EX", done_ttl))
+                cmds.append((b"DEL", self.names.claim(rid).encode()))
+        for res in await self.events_out.execute([command(*c) for c in cmds]):
+            if isinstance(res, RedisReplyError):  # e.g. an event another worker logged first
                 log.warning("redis: %s", res)
         for st, ev in pairs:
             self.metrics.published(st.request, ev)

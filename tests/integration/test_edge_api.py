@@ -455,6 +455,19 @@ async def test_websocket_streams_cancels_and_resumes(edges: Edges) -> None:
         assert orjson.loads(await ws.recv())["status"] == 404
 
 
+async def test_websocket_answers_messages_sent_during_a_relay(edges: Edges) -> None:
+    """A message that arrives while a request is relayed waits its turn; none is dropped."""
+    url = edges.url("a").replace("http://", "ws://") + "/v1/ws"
+    async with ws_connect(url, additional_headers=auth(ACME)) as ws:
+        for prompt in ("The function", "The module"):
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+            await ws.send(orjson.dumps({"type": "completions", "body": body}))
+        first, second = await _ws_until_done(ws), await _ws_until_done(ws)
+        assert first[0]["type"] == second[0]["type"] == "request"
+        assert first[0]["id"] != second[0]["id"]
+        assert first[-1] == second[-1] == {"type": "done"}
+
+
 async def _ws_until_done(ws: ClientConnection) -> list[dict[str, Any]]:
     frames = []
     while True:

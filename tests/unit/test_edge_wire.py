@@ -12,10 +12,11 @@ from pydantic import ValidationError
 
 from services.edge.auth import bearer_token, hash_key, new_key, parse_key_list
 from services.edge.config import EdgeSettings
-from services.edge.hub import RESYNC, RespParser, command
+from services.edge.hub import RESYNC
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.shapes import Shape
 from services.edge.sse import DONE, frame
+from shared.resp import RespParser, command
 from shared.settings import SettingsError
 
 

@@ -14,6 +14,7 @@ a refusal is ``{"type": "error", "status": 4xx, "error": {…}}``.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 import orjson
@@ -41,12 +42,13 @@ async def websocket_stream(ws: WebSocket) -> None:
     st: EdgeState = ws.app.state.edge
     await ws.accept()
     header_key = bearer_token(ws.headers.get("authorization"))
+    inbox = _Inbox(ws)
     try:
         while True:
-            msg = await _receive(ws)
+            msg = await inbox.next()
             try:
                 who = await st.keys.authenticate(msg.get("api_key") or header_key)
-                await _handle(ws, st, who, msg)
+                await _handle(ws, inbox, st, who, msg)
             except ApiError as err:
                 await _send(ws, {"type": "error", "status": err.status, **err.body()})
                 if err.status == 401:
@@ -56,7 +58,9 @@ async def websocket_stream(ws: WebSocket) -> None:
         return
 
 
-async def _handle(ws: WebSocket, st: EdgeState, who: Principal, msg: dict[str, Any]) -> None:
+async def _handle(
+    ws: WebSocket, inbox: _Inbox, st: EdgeState, who: Principal, msg: dict[str, Any]
+) -> None:
     kind = msg.get("type")
     if kind in BODIES:
         try:
@@ -73,7 +77,7 @@ async def _handle(ws: WebSocket, st: EdgeState, who: Principal, msg: dict[str, A
             created_of(req.request_id),
             token_ids=body.return_token_ids,
         )
-        await _relay(ws, st, who, stream, shape, cancel_on_disconnect=not body.resumable)
+        await _relay(ws, inbox, st, who, stream, shape, cancel_on_disconnect=not body.resumable)
     elif kind == "resume":
         rid = str(msg.get("request_id", ""))
         await _owned(st, who, rid)
@@ -83,7 +87,7 @@ async def _handle(ws: WebSocket, st: EdgeState, who: Principal, msg: dict[str, A
         stream = EventStream(st.hub, st.redis, st.names, rid, after_seq=after)
         await stream.open()
         shape = Shape(rid, st.settings.model_name, created_of(rid))
-        await _relay(ws, st, who, stream, shape, cancel_on_disconnect=False)
+        await _relay(ws, inbox, st, who, stream, shape, cancel_on_disconnect=False)
     elif kind == "cancel" and msg.get("request_id"):
         rid = str(msg["request_id"])
         await _owned(st, who, rid)
@@ -97,6 +101,7 @@ async def _handle(ws: WebSocket, st: EdgeState, who: Principal, msg: dict[str, A
 
 async def _relay(
     ws: WebSocket,
+    inbox: _Inbox,
     st: EdgeState,
     who: Principal,
     stream: EventStream,
@@ -106,7 +111,7 @@ async def _relay(
 ) -> None:
     """Pump the stream to the socket while listening for a cancel or a disconnect."""
     rid = stream.request_id
-    listener = asyncio.ensure_future(_listen(ws, st, who, rid))
+    listener = asyncio.ensure_future(_listen(inbox, st, who, rid))
     pump = asyncio.ensure_future(_pump(ws, st, stream, shape))
     st.metrics.streams.inc()
     try:
@@ -156,17 +161,34 @@ async def _pump(ws: WebSocket, st: EdgeState, stream: EventStream, shape: Shape)
     await _send(ws, {"type": "done"})
 
 
-async def _listen(ws: WebSocket, st: EdgeState, who: Principal, rid: str) -> None:
-    """Until the client goes: a ``cancel`` message cancels the request being relayed."""
+async def _listen(inbox: _Inbox, st: EdgeState, who: Principal, rid: str) -> None:
+    """Until the client goes: a ``cancel`` message cancels the request being relayed;
+    any other message waits in the inbox until the relay ends."""
     while True:
-        msg = await _receive(ws)
+        msg = await _receive(inbox.ws)
+        # Nothing awaits between the receive and this: cancelling the listener when the
+        # relay ends never drops a message (a client may send its next one right after
+        # the "done" frame).
         if msg.get("type") == "cancel" and msg.get("request_id", rid) == rid:
             st.spawn(cancel_request(st, rid, who.tenant, "api"))
+        else:
+            inbox.later.append(msg)
 
 
 async def _owned(st: EdgeState, who: Principal, rid: str) -> None:
     if not rid or await owner_of(st, rid) != who.tenant:
         raise not_found(f"no request '{rid}'")
+
+
+class _Inbox:
+    """The client's messages: those received during a relay first, then the socket's."""
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+        self.later: deque[dict[str, Any]] = deque()
+
+    async def next(self) -> dict[str, Any]:
+        return self.later.popleft() if self.later else await _receive(self.ws)
 
 
 async def _receive(ws: WebSocket) -> dict[str, Any]:
