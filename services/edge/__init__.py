@@ -24,7 +24,8 @@ Admission (``submit.py``): API keys (``auth.py``, stored as SHA-256 digests in
 mandatory) → 400 for bad parameters (unknown model, max_tokens, prompt longer than the
 context, counted with the model's tokenizer: ``model_info.py``) → 503 while the batchers'
 queues exceed ``TW_MAX_QUEUED_REQUESTS`` (``load.py``) → 429 from per-key token buckets
-(``ratelimit.py``) → the owner recorded → published to Kafka. Bodies over
+(``ratelimit.py``) → the owner recorded, the stream subscribed and the request published
+to Kafka, all at once. Bodies over
 ``TW_MAX_BODY_BYTES`` get 413 (``middleware.py``). Errors are OpenAI error JSON.
 
 ``python -m services.edge.bench`` measures relay throughput and added latency.

@@ -40,13 +40,11 @@ class EventStream:
         self._ready: list[Event] = []
         self._subscribed = False
 
-    async def open(self, *, replay: bool = True) -> EventStream:
-        """Subscribe; then (``replay``) read what the log already holds. A fresh request
-        subscribed before it was published has nothing in the log, so it skips the read."""
+    async def open(self) -> EventStream:
+        """Subscribe; then read what the log already holds."""
         await self._hub.subscribe(self._channel, self._box)
         self._subscribed = True
-        if replay:
-            await self._replay(include_last_seen=True)
+        await self._replay(include_last_seen=True)
         return self
 
     def close(self) -> None:

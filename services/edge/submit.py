@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from services.edge.auth import Principal
+from services.edge.cancel import cancel_request
 from services.edge.errors import ApiError, bad_request, rate_limited, unavailable
 from services.edge.model_info import INLINE_TOKENIZE_CHARS, TemplateError
 from services.edge.openai_api import ChatBody, CompletionBody
@@ -62,28 +64,34 @@ async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) 
 
 
 async def submit(st: EdgeState, req: GenerateRequest) -> EventStream:
-    """Subscribe to the request's stream and record its owner (together: two Redis round
-    trips in the time of one), then hand it to Kafka (acks=all). The stream is subscribed
-    before the request exists anywhere, so no event can precede it and the replay log need
-    not be read."""
+    """Subscribe to the request's stream, record its owner and hand the request to Kafka
+    (acks=all), all at once: three round trips in the time of the longest, Kafka's. The
+    stream reads the replay log once subscribed, so an event published before the
+    subscription took hold is not missed. If Kafka refuses the request, it exists nowhere;
+    if Redis fails while Kafka takes it, the request could be neither followed nor
+    cancelled by its owner, so it is cancelled and the client told to retry."""
     names = st.names
     stream = EventStream(st.hub, st.redis, names, req.request_id, after_seq=-1)
     owner = st.redis.set(names.owner(req.request_id), req.tenant, ex=st.settings.owner_ttl_s)
+    send = st.producer.send_and_wait(names.requests, encode(req), key=req.request_id.encode())
+    # All run to the end, so a failure of one never leaves another half done.
+    results: tuple[Any, ...] = await asyncio.gather(
+        stream.open(), owner, send, return_exceptions=True
+    )
+    opened, owned, sent = results
     try:
-        # Both run to the end, so a failure of one never leaves the other half done.
-        for res in await asyncio.gather(stream.open(replay=False), owner, return_exceptions=True):
-            if isinstance(res, TimeoutError):
-                raise unavailable("the token stream is not reachable", code="stream_unavailable")
+        if isinstance(sent, KafkaError):
+            raise unavailable(f"cannot queue the request: {sent}", code="queue_unavailable")
+        if isinstance(sent, BaseException):
+            raise sent
+        for res in (opened, owned):
             if isinstance(res, BaseException):
+                st.spawn(cancel_request(st, req.request_id, req.tenant, "unavailable"))
+                if isinstance(res, TimeoutError):
+                    raise unavailable(
+                        "the token stream is not reachable", code="stream_unavailable"
+                    )
                 raise res
-        try:
-            await st.producer.send_and_wait(
-                names.requests, encode(req), key=req.request_id.encode()
-            )
-        except KafkaError as exc:
-            raise unavailable(
-                f"cannot queue the request: {exc}", code="queue_unavailable"
-            ) from None
     except BaseException:
         stream.close()
         raise
