@@ -10,6 +10,7 @@ through redis-py and 0.17 ms packed here, with replies parsed by hiredis's C rea
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,7 +61,8 @@ async def connect(
     if u.get("password"):
         auth = [u["username"].encode()] if u.get("username") else []
         hello.append(command(b"AUTH", *auth, u["password"].encode()))
-    hello.append(command(b"CLIENT", b"SETNAME", name.encode()))
+    # A connection name may not hold spaces or control characters.
+    hello.append(command(b"CLIENT", b"SETNAME", re.sub(r"[^!-~]", "_", name).encode()))
     if u.get("db"):
         hello.append(command(b"SELECT", str(u["db"]).encode()))
     for cmd in hello:
