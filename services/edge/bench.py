@@ -37,7 +37,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from shared.names import Names
-from shared.resp import RespParser, command
+from shared.resp import RespParser, RespWriter, command, connect
 from shared.settings import CommonSettings
 from shared.token_stream import log_id
 
@@ -178,18 +178,19 @@ def _event(rid: str, seq: int, text: str, final: bool = False) -> bytes:
 
 
 async def publish_steps(
-    client: aioredis.Redis, names: Names, rids: list[str], steps: int, step_ms: float
+    writer: RespWriter, names: Names, rids: list[str], steps: int, step_ms: float
 ) -> None:
-    """One event per stream per step, in one pipeline per step, like a worker."""
+    """One event per stream per step, in one write per step, like a worker."""
     for seq in range(steps + 1):
         final = seq == steps
-        pipe = client.pipeline(transaction=False)
         stamp = str(time.monotonic_ns())
+        cmds = []
         for rid in rids:
             data = _event(rid, seq, "" if final else stamp, final)
-            pipe.xadd(names.token_log(rid), {"d": data}, id=log_id(seq))
-            pipe.publish(names.token_channel(rid), data)
-        await pipe.execute()
+            log_key, entry = names.token_log(rid).encode(), log_id(seq).encode()
+            cmds.append(command(b"XADD", log_key, entry, b"d", data))
+            cmds.append(command(b"PUBLISH", names.token_channel(rid).encode(), data))
+        await writer.execute(cmds)
         await asyncio.sleep(step_ms / 1000)
 
 
@@ -226,6 +227,7 @@ async def run_level(
 ) -> LevelResult:
     names = Names(prefix)
     client = aioredis.Redis.from_url(settings.redis_url)
+    writer = RespWriter(settings.redis_url, name="tw-bench-publisher")
     result = LevelResult(concurrency)
     try:
         # Latency: realistic pacing, timestamps in the events. First the same clients
@@ -235,12 +237,12 @@ async def run_level(
         direct = [DirectStream(settings.redis_url, names.token_channel(r)) for r in rids]
         await asyncio.gather(*(d.open() for d in direct))
         readers = [asyncio.create_task(d.read()) for d in direct]
-        await publish_steps(client, names, rids, cfg.latency_steps, cfg.step_ms)
+        await publish_steps(writer, names, rids, cfg.latency_steps, cfg.step_ms)
         await asyncio.wait_for(asyncio.gather(*readers), 60)
         rids = await _owned_ids(client, names, concurrency, "lat")
         streams = await _open(port, rids)
         readers = [asyncio.create_task(s.read(timed=True)) for s in streams]
-        await publish_steps(client, names, rids, cfg.latency_steps, cfg.step_ms)
+        await publish_steps(writer, names, rids, cfg.latency_steps, cfg.step_ms)
         await asyncio.wait_for(asyncio.gather(*readers), 60)
         result.latency_ms = percentiles([x for s in streams for x in s.latencies_ms])
         result.redis_only_ms = percentiles([x for d in direct for x in d.latencies_ms])
@@ -265,6 +267,7 @@ async def run_level(
         if total != expected:
             print(f"warning: {total} of {expected} events relayed", file=sys.stderr)
     finally:
+        await writer.aclose()
         await client.aclose()
     return result
 
@@ -293,11 +296,8 @@ class DirectStream:
         self.latencies_ms: list[float] = []
 
     async def open(self) -> None:
-        from redis.connection import parse_url
-
-        u = parse_url(self.redis_url)
-        self.reader, self.writer = await asyncio.open_connection(
-            u.get("host", "127.0.0.1"), u.get("port", 6379)
+        self.reader, self.writer = await connect(
+            self.redis_url, name="tw-bench-direct", timeout_s=10
         )
         self.parser = RespParser()
         self.writer.write(command(b"SUBSCRIBE", self.channel))
