@@ -23,13 +23,17 @@ import ctypes
 import itertools
 import logging
 import multiprocessing as mp
-import queue
+import os
+import pickle
 import signal
+import socket
+import struct
 import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from services.worker.engine.engine import EngineConfig, EngineRequest, EngineStats, StepOutput
@@ -58,11 +62,17 @@ class EngineFailed(RuntimeError):
 class EngineProcess:
     """The worker's handle on its engine process.
 
-    ``start()`` blocks until the model is loaded. Then ``submit``, ``abort`` and ``stop``
-    are safe from any thread; ``kv_summary`` is awaited on the attached event loop, which
-    also receives every step's outputs on ``outputs``. ``stats`` is the snapshot sent with
-    the latest step. When the engine fails, ``error`` is set and an empty list is put on
+    ``start()`` blocks until the model is loaded; ``attach()`` then moves the worker's end
+    of the pipe onto the running event loop. The loop writes requests and reads outputs
+    itself, as it does its sockets: no thread sits between the engine and the loop, so a
+    step's outputs wait for no thread switch or GIL hand-off. ``submit``, ``abort`` and
+    ``stop`` are safe from any thread; ``kv_summary`` is awaited on the loop, which also
+    receives every step's outputs on ``outputs``. ``stats`` is the snapshot sent with the
+    latest step. When the engine fails, ``error`` is set and an empty list is put on
     ``outputs`` so that the reader wakes up.
+
+    The frames are ``multiprocessing.Connection``'s (a length, then a pickle), so the engine
+    process keeps a plain blocking ``Connection``.
     """
 
     def __init__(self, spec: EngineSpec) -> None:
@@ -76,7 +86,8 @@ class EngineProcess:
             target=_engine_main, args=(child, spec), name="tw-engine", daemon=True
         )
         self._child_conn: Connection | None = child
-        self._send: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._transport: asyncio.Transport | None = None
+        self._loop_thread: int | None = None
         self._queries: dict[int, asyncio.Future[list[int]]] = {}
         self._ids = itertools.count()
         self._stopping = False
@@ -104,25 +115,27 @@ class EngineProcess:
         self.stats = payload
         # Before multiprocessing's own exit hook, which would wait for the process forever.
         atexit.register(self.stop)
-        threading.Thread(target=self._write, name="engine-send", daemon=True).start()
-        threading.Thread(target=self._read, name="engine-recv", daemon=True).start()
 
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Deliver outputs and query answers to ``loop``."""
-        self._loop = loop
+    async def attach(self) -> None:
+        """Serve the pipe on the running loop: outputs and query answers arrive there."""
+        loop = asyncio.get_running_loop()
+        self._loop, self._loop_thread = loop, threading.get_ident()
+        # A socket of its own over the same pipe end (a socketpair), for the loop's transport.
+        sock = socket.socket(fileno=os.dup(self._conn.fileno()))
+        self._transport, _ = await loop.create_unix_connection(lambda: _Pipe(self), sock=sock)
 
     def submit(self, req: EngineRequest) -> None:
-        self._send.put(("submit", req))
+        self._post(("submit", req))
 
     def abort(self, request_id: str) -> None:
-        self._send.put(("abort", request_id))
+        self._post(("abort", request_id))
 
     async def kv_summary(self, limit: int) -> list[int]:
         """The KV cache's routing summary, computed in the engine process between steps."""
         qid = next(self._ids)
         fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._queries[qid] = fut
-        self._send.put(("summary", qid, limit))
+        self._post(("summary", qid, limit))
         try:
             return await fut
         finally:
@@ -133,59 +146,118 @@ class EngineProcess:
         if self._stopping:
             return
         self._stopping = True
-        self._send.put(("stop",))
-        self._send.put(None)
+        self._post(("stop",))
         if self._proc.pid is not None:
             self._proc.join(timeout)
             if self._proc.is_alive():
                 log.warning("engine process did not stop in %.0f s: killing it", timeout)
                 self._proc.kill()
                 self._proc.join(5)
+        if self._transport is not None:
+            self._on_loop(self._transport.close)
         self._conn.close()
 
-    # --- pipe threads (no engine state here: only the worker's side) ------------------
-    def _write(self) -> None:
-        while (msg := self._send.get()) is not None:
-            try:
-                self._conn.send(msg)
-            except (OSError, ValueError):  # the process is gone; the reader reports it
+    # --- the worker's end of the pipe (no engine state here) ---------------------------
+    def _post(self, msg: tuple[Any, ...]) -> None:
+        """Send ``msg`` through the loop's transport (buffered, never blocking the loop);
+        before ``attach`` or once the loop is gone, straight down the pipe."""
+        if self._transport is not None and not self._transport.is_closing():
+            payload = ForkingPickler.dumps(msg)
+            if self._on_loop(self._transport.write, _frame_header(len(payload)) + payload):
                 return
+        if self._conn.closed:
+            return
+        with contextlib.suppress(OSError, ValueError):  # the process is gone
+            os.set_blocking(self._conn.fileno(), True)  # the loop's socket shares the pipe
+            self._conn.send(msg)
 
-    def _read(self) -> None:
-        while True:
-            try:
-                kind, *rest = self._conn.recv()
-            except (EOFError, OSError):
-                if not self._stopping:
-                    code = self._proc.exitcode
-                    self._fail(EngineFailed(f"the engine process exited ({code})"))
-                return
-            if kind == "step":
-                outs, self.stats = rest
-                self._deliver(self.outputs.put_nowait, outs)
-            elif kind == "summary":
-                qid, hashes = rest
-                self._deliver(self._answer, qid, hashes)
-            elif kind == "failed":
-                self._fail(EngineFailed(rest[0]))
-                return
+    def _on_loop(self, fn: Any, *args: Any) -> bool:
+        """Run ``fn`` on the attached loop (now if this is its thread); False if the loop
+        is gone."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return False
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+            return True
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop closed meanwhile
+            return False
+        return True
 
-    def _answer(self, qid: int, hashes: list[int]) -> None:
-        fut = self._queries.get(qid)
-        if fut is not None and not fut.done():
-            fut.set_result(hashes)
+    def _received(self, msg: tuple[Any, ...]) -> None:
+        kind, *rest = msg
+        if kind == "step":
+            outs, self.stats = rest
+            self.outputs.put_nowait(outs)
+        elif kind == "summary":
+            qid, hashes = rest
+            fut = self._queries.get(qid)
+            if fut is not None and not fut.done():
+                fut.set_result(hashes)
+        elif kind == "failed":
+            self._fail(EngineFailed(rest[0]))
+
+    def _closed(self) -> None:
+        if not self._stopping and self.error is None:
+            self._fail(EngineFailed(f"the engine process exited ({self._proc.exitcode})"))
 
     def _fail(self, exc: BaseException) -> None:
         log.error("%s", exc)
         self.error = exc
-        self._deliver(self.outputs.put_nowait, [])
+        self.outputs.put_nowait([])
 
-    def _deliver(self, fn: Any, *args: Any) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(fn, *args)
+
+def _frame_header(n: int) -> bytes:
+    """``multiprocessing.Connection``'s length prefix for an ``n``-byte payload."""
+    return struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+
+
+class _Pipe(asyncio.BufferedProtocol):
+    """Reads the engine's frames on the loop: into one growing buffer, each complete frame
+    unpickled and handed to the ``EngineProcess`` as it completes."""
+
+    def __init__(self, owner: EngineProcess) -> None:
+        self._owner = owner
+        self._buf = bytearray(1 << 16)
+        self._end = 0  # bytes of self._buf in use
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if len(self._buf) - self._end < 1 << 14:  # double it (a new one: views may remain)
+            grown = bytearray(2 * len(self._buf))
+            grown[: self._end] = self._buf[: self._end]
+            self._buf = grown
+        return memoryview(self._buf)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        view, start = memoryview(self._buf), 0
+        try:
+            while self._end - start >= 4:
+                (n,) = struct.unpack_from("!i", view, start)
+                head = 4
+                if n == -1:
+                    if self._end - start < 12:
+                        break
+                    (n,) = struct.unpack_from("!Q", view, start + 4)
+                    head = 12
+                if self._end - start < head + n:
+                    break
+                msg = pickle.loads(view[start + head : start + head + n])
+                start += head + n
+                self._owner._received(msg)
+        finally:
+            view.release()
+        if start:  # keep only the incomplete frame's bytes
+            self._buf[: self._end - start] = self._buf[start : self._end]
+            self._end -= start
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost reports it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._owner._closed()
 
 
 # --- the engine process ---------------------------------------------------------------

@@ -79,8 +79,10 @@ class WorkerService:
         self.runner = runner
         self.tokenizer = tokenizer
         self.redis: aioredis.Redis = aioredis.Redis.from_url(settings.redis_url)
-        # Token events (nearly all of this worker's Redis traffic) bypass redis-py.
+        # Token events (nearly all of this worker's Redis traffic) and the claim of each
+        # request (on its way to the engine) bypass redis-py, each on a connection of its own.
         self.events_out = RespWriter(settings.redis_url, name=f"tw-worker-{settings.worker_id}")
+        self.claims = RespWriter(settings.redis_url, name=f"tw-worker-{settings.worker_id}-claims")
         self.producer: AIOKafkaProducer = make_producer(settings, client_id=settings.worker_id)
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings,
@@ -103,7 +105,7 @@ class WorkerService:
     async def run(self) -> None:
         """Serve until ``stop()``; then drain gracefully (see ``_shutdown``)."""
         serve_metrics(self.metrics.registry, self.settings.metrics_port, self.settings.metrics_host)
-        self.runner.attach(asyncio.get_running_loop())
+        await self.runner.attach()
         await self.producer.start()
         self.consumer.subscribe([self.names.batches], listener=_Rebalance(self))
         await self.consumer.start()
@@ -162,6 +164,7 @@ class WorkerService:
             registry.withdraw(pipe, self.names.workers_index, wid, self.names.heartbeat(wid))
             await pipe.execute()
         await self.events_out.aclose()
+        await self.claims.aclose()
         await self.redis.aclose()
 
     async def hand_back(self, partitions: list[int]) -> None:
@@ -209,38 +212,61 @@ class WorkerService:
             return
         reqs = batch.requests
         self.offsets.add(tp.partition, msg.offset, [r.request_id for r in reqs])
-        # One round trip: is it finished or cancelled, can we claim it, how far did its
-        # stream get.
-        pipe = self.redis.pipeline(transaction=False)
-        for r in reqs:
-            pipe.exists(self.names.done_marker(r.request_id))
-            pipe.exists(self.names.cancelled(r.request_id))
-            pipe.set(
-                self.names.claim(r.request_id), self.settings.worker_id, nx=True, px=self._claim_ms
-            )
-            pipe.get(self.names.claim(r.request_id))
-            pipe.xrevrange(self.names.token_log(r.request_id), count=1)
-        res = await pipe.execute()
-        for i, req in enumerate(reqs):
-            done, cancelled, _, holder, last = res[5 * i : 5 * i + 5]
+        claims = await self._claim([r.request_id for r in reqs])
+        for req, (done, cancelled, ours, skip) in zip(reqs, claims, strict=True):
             rid = req.request_id
-            skip = _last_seq(last)
             if done:
                 self.offsets.done(rid)  # finished before a crash: never generated twice
             elif rid in self.streams:
                 continue  # a duplicate delivery of a request running here
-            elif holder is not None and holder.decode() != self.settings.worker_id:
+            elif not ours:
                 self.deferred[rid] = (tp.partition, msg.offset, req)  # another live worker has it
-            elif cancelled:
-                ev = TokenEvent(request_id=rid, seq=skip + 1, finish_reason=FinishReason.CANCELLED)
-                await self._send([(StreamState(req), ev)])
-                self.offsets.done(rid)
             else:
-                await self._start_request(tp.partition, msg.offset, req, skip)
+                await self._admit(tp.partition, msg.offset, req, cancelled, skip)
 
     @property
     def _claim_ms(self) -> int:
         return int(self.settings.claim_ttl_s * 1000)
+
+    async def _claim(self, rids: list[str]) -> list[tuple[bool, bool, bool, int]]:
+        """One round trip for all ``rids``: per request, is it finished, is it cancelled,
+        is it this worker's (claimed now or before: so the connection may send it again),
+        and the last seq its stream has."""
+        me = self.settings.worker_id.encode()
+        ttl = b"%d" % self._claim_ms
+        cmds = []
+        for rid in rids:
+            claim = self.names.claim(rid).encode()
+            cmds += [
+                command(b"EXISTS", self.names.done_marker(rid).encode()),
+                command(b"EXISTS", self.names.cancelled(rid).encode()),
+                command(b"SET", claim, me, b"NX", b"PX", ttl),
+                command(b"GET", claim),
+                command(
+                    b"XREVRANGE", self.names.token_log(rid).encode(), b"+", b"-", b"COUNT", b"1"
+                ),
+            ]
+        res = await self.claims.execute(cmds)
+        for r in res:
+            if isinstance(r, RedisReplyError):
+                raise r
+        return [
+            (bool(res[i]), bool(res[i + 1]), res[i + 3] in (None, me), _last_seq(res[i + 4]))
+            for i in range(0, len(res), 5)
+        ]
+
+    async def _admit(
+        self, partition: int, offset: int, req: GenerateRequest, cancelled: bool, skip: int
+    ) -> None:
+        """Start a request this worker holds, or end its stream if it was cancelled."""
+        if cancelled:
+            ev = TokenEvent(
+                request_id=req.request_id, seq=skip + 1, finish_reason=FinishReason.CANCELLED
+            )
+            await self._send([(StreamState(req), ev)])
+            self.offsets.done(req.request_id)
+        else:
+            await self._start_request(partition, offset, req, skip)
 
     async def _start_request(
         self, partition: int, offset: int, req: GenerateRequest, skip_upto: int
@@ -307,20 +333,13 @@ class WorkerService:
         if not self.deferred:
             return
         rids = list(self.deferred)
-        pipe = self.redis.pipeline(transaction=False)
-        for rid in rids:
-            pipe.exists(self.names.done_marker(rid))
-            pipe.set(self.names.claim(rid), self.settings.worker_id, nx=True, px=self._claim_ms)
-            pipe.xrevrange(self.names.token_log(rid), count=1)
-        res = await pipe.execute()
-        for i, rid in enumerate(rids):
-            done, claimed, last = res[3 * i : 3 * i + 3]
+        for rid, (done, cancelled, ours, skip) in zip(rids, await self._claim(rids), strict=True):
             if done:
                 self.deferred.pop(rid)
                 self.offsets.done(rid)
-            elif claimed:
+            elif ours:
                 part, offset, req = self.deferred.pop(rid)
-                await self._start_request(part, offset, req, _last_seq(last))
+                await self._admit(part, offset, req, cancelled, skip)
 
     # --- output -------------------------------------------------------------------------
     async def _publish(self) -> None:

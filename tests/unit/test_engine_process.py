@@ -26,7 +26,7 @@ CONFIG = EngineConfig(kv_budget_tokens=2048)
 async def engine(model_dir: str) -> AsyncIterator[EngineProcess]:
     proc = EngineProcess(EngineSpec(model_dir, torch_threads=1, config=CONFIG))
     await asyncio.to_thread(proc.start, 120)
-    proc.attach(asyncio.get_running_loop())
+    await proc.attach()
     yield proc
     proc.stop()
     assert proc._proc.exitcode == 0  # stopped on request, not killed
@@ -101,7 +101,7 @@ async def test_an_aborted_request_ends_without_running_to_its_limit(
 async def test_a_failing_step_is_reported_and_ends_the_process(model_dir: str) -> None:
     proc = EngineProcess(EngineSpec(model_dir, torch_threads=1, config=CONFIG))
     await asyncio.to_thread(proc.start, 120)
-    proc.attach(asyncio.get_running_loop())
+    await proc.attach()
     proc.submit(EngineRequest("x", [10**7], max_tokens=2))  # outside the vocabulary
     assert await asyncio.wait_for(proc.outputs.get(), 60) == []
     assert isinstance(proc.error, EngineFailed)
@@ -146,3 +146,44 @@ def test_the_engine_process_dies_with_its_worker(model_dir: str) -> None:
         assert not alive(child), "the engine process outlived its worker"
     finally:
         worker.kill()
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+
+    def _received(self, msg: Any) -> None:
+        self.got.append(msg)
+
+
+def test_the_loops_reader_splits_connection_frames_however_they_arrive() -> None:
+    from multiprocessing.connection import Connection
+
+    from services.worker.runtime import _Pipe
+
+    wire = bytearray()
+
+    class Capture(Connection):  # multiprocessing's own framing, as the engine process sends
+        def _send(self, buf: bytes, write: Any = None) -> None:
+            wire.extend(buf)
+
+    msgs: list[Any] = [("step", [], None), ("summary", 1, list(range(50_000))), ("x", b"")]
+    msgs += [("step", [i] * i, None) for i in range(40)]
+    r, w = os.pipe()
+    os.close(r)
+    sender = Capture(w)
+    for m in msgs:
+        sender.send(m)
+    sender.close()
+    for cut in (1, 3, 4097, len(wire)):  # arrival in pieces of this size
+        owner = _Collect()
+        proto = _Pipe(owner)  # type: ignore[arg-type]
+        for i in range(0, len(wire), cut):
+            piece = wire[i : i + cut]
+            while piece:  # no more than the buffer offered, as a socket would
+                buf = proto.get_buffer(-1)
+                n = min(len(buf), len(piece))
+                buf[:n] = piece[:n]
+                proto.buffer_updated(n)
+                piece = piece[n:]
+        assert owner.got == msgs
