@@ -9,6 +9,7 @@ import signal
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -16,6 +17,7 @@ from shared.codec import decode, encode
 from shared.messages import (
     Batch,
     Completion,
+    FinishReason,
     GenerateRequest,
     Priority,
     ReplyTarget,
@@ -83,6 +85,33 @@ async def test_worker_killed_mid_stream_another_takes_over(bare: Stack, model_di
         events = rec.stream(r.request_id)  # contiguous, one final, duplicates identical
         assert [t for e in events for t in e.token_ids] == expected[r.request_id]
         assert events[-1].finish_reason == "length"
+
+
+async def test_a_request_claimed_elsewhere_waits_for_that_claim(bare: Stack) -> None:
+    """Requests another live worker holds are left to it: one is generated here only once
+    that claim lapses (its worker died); one cancelled meanwhile ends cancelled, with no
+    token generated."""
+    st = bare
+    st.start("worker", **FAST_FAILOVER)
+    await st.wait_ready()
+    held, cancelled = greedy_requests(2, 4, seed=5)
+    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    try:
+        for r in (held, cancelled):
+            await redis.set(st.names.claim(r.request_id), b"another-worker", px=3000)
+        async with StreamRecorder(st.env["TW_REDIS_URL"], st.names) as rec:
+            batch = Batch(batcher_id="test", requests=[held, cancelled])
+            await produce(st.env["TW_KAFKA_BOOTSTRAP"], st.names.batches, [encode(batch)])
+            await asyncio.sleep(1.5)
+            assert not rec.raw, "generated while another worker held the claim"
+            await redis.set(st.names.cancelled(cancelled.request_id), b"1", ex=60)
+            await rec.wait_finished({held.request_id, cancelled.request_id}, 60, stack=st)
+    finally:
+        await redis.aclose()
+    assert sum(len(e.token_ids) for e in rec.stream(held.request_id)) == 4
+    ends = rec.stream(cancelled.request_id)
+    assert [e.finish_reason for e in ends] == [FinishReason.CANCELLED]
+    assert not ends[0].token_ids
 
 
 async def test_batcher_killed_and_restarted_answers_each_request_once(bare: Stack) -> None:
