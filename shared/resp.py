@@ -1,5 +1,5 @@
-"""Redis's wire protocol (RESP2) for the two hot paths that bypass redis-py: the edge's
-pub/sub hub and the worker's token-event writes.
+"""Redis's wire protocol (RESP2) for the hot paths that bypass redis-py: the edge's pub/sub
+hub, and the worker's token-event writes and per-request claims.
 
 redis-py is used everywhere else. On these two paths its per-command and per-message work
 (argument encoding, retry and observability wrappers, an ``await`` per reply) was most of
@@ -80,8 +80,9 @@ class RespWriter:
 
     Batches are sent one at a time. A lost connection is opened again and the whole batch
     sent again (up to ``attempts`` times, then ``ConnectionError``), so callers may only
-    send commands that are safe to repeat — as token events are: a re-appended log entry
-    fails on its explicit id and readers drop re-published events by ``seq``."""
+    send commands that are safe to repeat — as token events are (a re-appended log entry
+    fails on its explicit id and readers drop re-published events by ``seq``), and the
+    worker's claims (a claim it already holds reads back as its own)."""
 
     def __init__(
         self, redis_url: str, *, name: str, timeout_s: float = 5.0, attempts: int = 3

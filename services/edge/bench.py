@@ -36,10 +36,11 @@ import httpx
 import orjson
 import redis.asyncio as aioredis
 
+from shared.messages import FinishReason, TokenEvent
 from shared.names import Names
 from shared.resp import RespParser, RespWriter, command, connect
 from shared.settings import CommonSettings
-from shared.token_stream import log_id
+from shared.token_stream import event_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 _TEXT = re.compile(rb'"text":"(\d+)"')
@@ -180,17 +181,21 @@ def _event(rid: str, seq: int, text: str, final: bool = False) -> bytes:
 async def publish_steps(
     writer: RespWriter, names: Names, rids: list[str], steps: int, step_ms: float
 ) -> None:
-    """One event per stream per step, in one write per step, like a worker."""
+    """One event per stream per step, written as a worker writes a step's events."""
     for seq in range(steps + 1):
         final = seq == steps
         stamp = str(time.monotonic_ns())
-        cmds = []
-        for rid in rids:
-            data = _event(rid, seq, "" if final else stamp, final)
-            log_key, entry = names.token_log(rid).encode(), log_id(seq).encode()
-            cmds.append(command(b"XADD", log_key, entry, b"d", data))
-            cmds.append(command(b"PUBLISH", names.token_channel(rid).encode(), data))
-        await writer.execute(cmds)
+        events = [
+            TokenEvent(
+                request_id=rid,
+                seq=seq,
+                text="" if final else stamp,
+                token_ids=[seq],
+                finish_reason=FinishReason.STOP if final else None,
+            )
+            for rid in rids
+        ]
+        await writer.execute([command(*c) for c in event_commands(names, events)])
         await asyncio.sleep(step_ms / 1000)
 
 

@@ -1,4 +1,4 @@
-"""The RESP writer the worker's token events go through, against the real Redis."""
+"""The RESP writer the worker's token events and claims go through, against the real Redis."""
 
 from __future__ import annotations
 
