@@ -34,6 +34,9 @@ class StreamState:
     pending_ids: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
+    # Outputs that arrived before the request's claim answered (it started early, see
+    # ``WorkerService._take_batch``); None once the stream is this worker's.
+    held: list[StepOutput] | None = None
 
     def event(self, out: StepOutput) -> TokenEvent | None:
         """The event for one step's output, or None while there is no text to send yet

@@ -114,6 +114,36 @@ async def test_a_request_claimed_elsewhere_waits_for_that_claim(bare: Stack) -> 
     assert not ends[0].token_ids
 
 
+async def test_outputs_before_the_claim_answers_are_held_for_it(
+    bare: Stack, model_dir: str
+) -> None:
+    """The engine starts before a batch's claims answer. With Redis holding writes back (so
+    the claims wait) while the engine generates, a request another worker holds publishes
+    nothing and is left to it; the one this worker claims streams in full, in order."""
+    st = bare
+    st.start("worker", **FAST_FAILOVER)
+    await st.wait_ready()
+    mine, elsewhere = greedy_requests(2, 12, seed=7)
+    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    try:
+        await redis.set(st.names.claim(elsewhere.request_id), b"another-worker", px=4000)
+        async with StreamRecorder(st.env["TW_REDIS_URL"], st.names) as rec:
+            await redis.execute_command("CLIENT", "PAUSE", 2500, "WRITE")
+            batch = Batch(batcher_id="test", requests=[mine, elsewhere])
+            await produce(st.env["TW_KAFKA_BOOTSTRAP"], st.names.batches, [encode(batch)])
+            await rec.wait_finished({mine.request_id}, 60, stack=st)
+            assert elsewhere.request_id not in rec.raw, "published without the claim"
+            await rec.wait_finished({elsewhere.request_id}, 60, stack=st)  # once it lapses
+    finally:
+        await redis.aclose()
+    expected = reference_tokens(model_dir, [mine, elsewhere], 12)
+    for r in (mine, elsewhere):
+        events = rec.stream(r.request_id)
+        assert [e.seq for e in events] == list(range(len(events)))
+        assert [t for e in events for t in e.token_ids] == expected[r.request_id]
+        assert events[-1].finish_reason == "length"
+
+
 async def test_batcher_killed_and_restarted_answers_each_request_once(bare: Stack) -> None:
     st = bare
     reqs = greedy_requests(200, 4, seed=2)
