@@ -225,27 +225,39 @@ class WorkerService:
                     early[req.request_id] = st
         try:
             claims = await self._claim([r.request_id for r in reqs])
-        except BaseException:
-            for rid, st in early.items():
+            for req, claim in zip(reqs, claims, strict=True):
+                st = early.pop(req.request_id, None)
+                await self._resolve(tp.partition, msg.offset, req, claim, st)
+        finally:
+            for rid, st in early.items():  # unresolved: the claim failed or intake stopped
                 self._withdraw(rid, st)
-            raise
-        for req, (done, cancelled, ours, skip) in zip(reqs, claims, strict=True):
-            rid = req.request_id
-            if (st := early.pop(rid, None)) is not None:
-                if self.streams.get(rid) is not st:
-                    continue  # handed back while the claim was on its way
-                if ours and not done and not cancelled:
-                    await self._confirm(st, skip)
-                    continue
-                self._withdraw(rid, st)
-            if done:
-                self.offsets.done(rid)  # finished before a crash: never generated twice
-            elif rid in self.streams:
-                continue  # a duplicate delivery of a request running here
-            elif not ours:
-                self.deferred[rid] = (tp.partition, msg.offset, req)  # another live worker has it
-            else:
-                await self._admit(tp.partition, msg.offset, req, cancelled, skip)
+
+    async def _resolve(
+        self,
+        partition: int,
+        offset: int,
+        req: GenerateRequest,
+        claim: tuple[bool, bool, bool, int],
+        early: StreamState | None,
+    ) -> None:
+        """Act on a request's claim; ``early`` is its stream if it started early."""
+        done, cancelled, ours, skip = claim
+        rid = req.request_id
+        if early is not None:
+            if self.streams.get(rid) is not early:
+                return  # handed back while the claim was on its way
+            if ours and not done and not cancelled:
+                await self._confirm(early, skip)
+                return
+            self._withdraw(rid, early)
+        if done:
+            self.offsets.done(rid)  # finished before a crash: never generated twice
+        elif rid in self.streams:
+            return  # a duplicate delivery of a request running here
+        elif not ours:
+            self.deferred[rid] = (partition, offset, req)  # another live worker has it
+        else:
+            await self._admit(partition, offset, req, cancelled, skip)
 
     @property
     def _claim_ms(self) -> int:
@@ -381,13 +393,10 @@ class WorkerService:
         if not self.deferred:
             return
         rids = list(self.deferred)
-        for rid, (done, cancelled, ours, skip) in zip(rids, await self._claim(rids), strict=True):
-            if done:
-                self.deferred.pop(rid)
-                self.offsets.done(rid)
-            elif ours:
-                part, offset, req = self.deferred.pop(rid)
-                await self._admit(part, offset, req, cancelled, skip)
+        for rid, claim in zip(rids, await self._claim(rids), strict=True):
+            entry = self.deferred.pop(rid, None)
+            if entry is not None:  # not handed back meanwhile
+                await self._resolve(*entry, claim, None)  # deferred again if not ours
 
     # --- output -------------------------------------------------------------------------
     async def _publish(self) -> None:
