@@ -219,7 +219,7 @@ class WorkerService:
         # to be this worker's to start is aborted with nothing of it published.
         early: dict[str, StreamState] = {}
         for req in reqs:
-            if req.request_id not in self.streams and req.request_id not in early:
+            if req.request_id not in self.streams:  # else a duplicate: resolved below
                 st = self._start_early(tp.partition, req)
                 if st is not None:
                     early[req.request_id] = st
