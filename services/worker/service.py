@@ -315,9 +315,7 @@ class WorkerService:
         except Exception:  # reported once the request is known to be this worker's
             return None
         st = StreamState(req, held=[])
-        self.streams[req.request_id] = st
-        self.partition_of[req.request_id] = partition
-        self.runner.submit(_engine_request(req, ids))
+        self._submit(partition, st, ids)
         return st
 
     async def _confirm(self, st: StreamState, skip_upto: int) -> None:
@@ -378,9 +376,26 @@ class WorkerService:
             await self._fail(req, "invalid_request", f"cannot tokenize the prompt: {exc}")
             return
         self._started(req)
-        self.streams[req.request_id] = StreamState(req, skip_upto=skip_upto)
+        self._submit(partition, StreamState(req, skip_upto=skip_upto), ids)
+
+    def _submit(self, partition: int, st: StreamState, ids: list[int]) -> None:
+        """Track ``st`` as running here and hand its request to the engine."""
+        req = st.request
+        self.streams[req.request_id] = st
         self.partition_of[req.request_id] = partition
-        self.runner.submit(_engine_request(req, ids))
+        sp = req.sampling
+        self.runner.submit(
+            EngineRequest(
+                request_id=req.request_id,
+                prompt_ids=ids,
+                max_tokens=sp.max_tokens,
+                sampling=SamplingConfig(sp.temperature, sp.top_p, sp.top_k, sp.seed),
+                stop=sp.stop,
+                stop_token_ids=sp.stop_token_ids,
+                ignore_eos=sp.ignore_eos,
+                priority=0 if req.priority is Priority.INTERACTIVE else 1,
+            )
+        )
 
     async def _fail(self, req: GenerateRequest, code: str, message: str) -> None:
         ev = error_event(req.request_id, 0, code, message)
@@ -569,20 +584,6 @@ class WorkerService:
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(pubsub.aclose(), SHUTDOWN_STEP_S)
-
-
-def _engine_request(req: GenerateRequest, ids: list[int]) -> EngineRequest:
-    sp = req.sampling
-    return EngineRequest(
-        request_id=req.request_id,
-        prompt_ids=ids,
-        max_tokens=sp.max_tokens,
-        sampling=SamplingConfig(sp.temperature, sp.top_p, sp.top_k, sp.seed),
-        stop=sp.stop,
-        stop_token_ids=sp.stop_token_ids,
-        ignore_eos=sp.ignore_eos,
-        priority=0 if req.priority is Priority.INTERACTIVE else 1,
-    )
 
 
 def _last_seq(entries: list[Any] | None) -> int:
