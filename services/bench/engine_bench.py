@@ -42,6 +42,7 @@ class Report:
     params_m: float
     threads: int
     config: dict[str, Any]
+    placement: str  # device and precision, e.g. "cpu float32", "cuda bfloat16"
     throughput: list[dict[str, Any]] = field(default_factory=list)
     prefix: dict[str, Any] = field(default_factory=dict)
 
@@ -53,9 +54,17 @@ def _prompts(
     return [head + [rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
+def _sync() -> None:
+    """Wait for queued GPU work, so a timer sees what it ran (nothing to do on CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _timed(fn: Callable[[], Any]) -> float:
+    _sync()
     t0 = time.perf_counter()
     fn()
+    _sync()
     return time.perf_counter() - t0
 
 
@@ -70,14 +79,15 @@ def hf_serial(model: Any, prompts: list[list[int]], new: int | list[int]) -> flo
 
     def run() -> None:
         for p, n in zip(prompts, lengths, strict=True):
-            model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=[])
+            ids = torch.tensor([p], device=model.device)
+            model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=[])
 
     return sum(lengths) / _timed(run)
 
 
 def hf_static(model: Any, prompts: list[list[int]], new: int) -> float:
     """tokens/s of ``generate`` on one static batch (equal-length prompts: no padding)."""
-    ids = torch.tensor(prompts)
+    ids = torch.tensor(prompts, device=model.device)
     secs = _timed(
         lambda: model.generate(
             ids,
@@ -95,17 +105,20 @@ def hf_generate_batch(
 ) -> float | None:
     """tokens/s of transformers' continuous batching, its cache sized like ours."""
     from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     gen = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=[], pad_token_id=0)
-    cb = ContinuousBatchingConfig(block_size=16, num_blocks=kv_tokens // 16, max_batch_tokens=1024)
-    try:
+    try:  # report, don't fail the whole benchmark, where this API differs or fails
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        cb = ContinuousBatchingConfig(
+            block_size=16, num_blocks=kv_tokens // 16, max_batch_tokens=1024
+        )
         secs = _timed(
             lambda: model.generate_batch(
                 prompts, generation_config=gen, continuous_batching_config=cb, warmup=False
             )
         )
-    except Exception as exc:  # report, don't fail the whole benchmark
+    except Exception as exc:
         print(f"generate_batch unavailable here: {type(exc).__name__}: {exc}")
         return None
     return len(prompts) * new / secs
@@ -144,14 +157,22 @@ def engine_sequential_ttft(
     return ttfts
 
 
-def run(model_dir: str, cfg: BenchConfig, out: Path | None) -> Report:
+def run(
+    model_dir: str, cfg: BenchConfig, out: Path | None, device: str = "auto", dtype: str = "auto"
+) -> Report:
     from services.worker.loader import load_model
 
-    model, tok = load_model(model_dir, "auto", "auto")
+    model, tok = load_model(model_dir, device, dtype)
     vocab = model.config.vocab_size
     rng = random.Random(cfg.seed)
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    rep = Report(model_dir, round(params, 1), torch.get_num_threads(), asdict(cfg))
+    rep = Report(
+        model_dir,
+        round(params, 1),
+        torch.get_num_threads(),
+        asdict(cfg),
+        f"{model.device.type} {str(model.dtype).removeprefix('torch.')}",
+    )
     max_c = max(cfg.concurrencies)
     kv_tokens = max_c * (cfg.prompt_len + cfg.new_tokens) + 1024
     ecfg = EngineConfig(
@@ -222,7 +243,10 @@ def print_table(rep: Report) -> None:
     def f(v: float | None) -> str:
         return "n/a" if v is None else f"{v:,.0f}"
 
-    print(f"\nengine benchmark — {rep.model} ({rep.params_m}M params, {rep.threads} threads)")
+    print(
+        f"\nengine benchmark — {rep.model} ({rep.params_m}M params, {rep.placement}, "
+        f"{rep.threads} threads)"
+    )
     print(
         "| concurrency | generate 1-at-a-time | generate static batch | generate_batch (CB) | this engine | vs 1-at-a-time | vs generate_batch | TTFT p50 / p99 ms |"
     )

@@ -20,7 +20,10 @@ pytestmark = pytest.mark.timeout(600)
 def reference(model: Any, prompt: list[int], n: int) -> list[int]:
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=[]
+            torch.tensor([prompt], device=model.device),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=[],
         )
     return out[0, len(prompt) :].tolist()
 
@@ -67,6 +70,52 @@ def test_greedy_matches_generate_with_staggered_arrivals_and_shared_prefixes(
         assert finals[f"r{i}"].finish is Status.FINISHED_LENGTH
     assert engine.stats.prefix_hit_tokens > 0
     assert engine.stats.kv_used_blocks == 0  # everything freed
+
+
+# How far below the best logit a greedy pick may score in a plain forward pass: rounding in
+# the batched, chunked, paged passes against one unbatched pass, by precision.
+PICK_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.05}
+
+
+def test_every_greedy_pick_tops_a_plain_forward_pass(lm: tuple[Any, Any]) -> None:
+    """In any precision: each token the engine picks (batched decode, chunked prefill, shared
+    prefixes) is, up to rounding, the best one in a single forward pass over the sequence so
+    far. Unlike comparing whole generations, one near-tie cannot derail the rest."""
+    model, tok = lm
+    vocab = model.config.vocab_size
+    rng = random.Random(7)
+    prefix = random_ids(rng, 100, vocab)
+    prompts = [
+        prefix + random_ids(rng, rng.randint(1, 80), vocab)
+        if i % 2
+        else random_ids(rng, rng.randint(1, 250), vocab)
+        for i in range(16)
+    ]
+    new = 24
+    engine = Engine(
+        model, tok, EngineConfig(kv_budget_tokens=16_384, prefill_chunk=64, max_step_tokens=256)
+    )
+    outputs: list[StepOutput] = []
+    for i, p in enumerate(prompts):
+        engine.add_request(EngineRequest(f"r{i}", p, max_tokens=new, ignore_eos=True))
+        outputs += engine.step()
+    tokens, _ = collect(outputs + engine.run_until_idle())
+    gaps = []
+    with torch.inference_mode():
+        for i, p in enumerate(prompts):
+            picks = torch.tensor(tokens[f"r{i}"], device=model.device)
+            seq = torch.tensor([p + tokens[f"r{i}"][:-1]], device=model.device)
+            logits = model(seq).logits[0, len(p) - 1 :].float()
+            best = logits.max(-1).values
+            gaps += (best - logits.gather(-1, picks[:, None])[:, 0]).tolist()
+    exact = sum(g == 0 for g in gaps) / len(gaps)
+    print(
+        f"{model.dtype} on {model.device}: {len(gaps)} picks, {exact:.1%} exact argmax, "
+        f"largest gap {max(gaps):.4f}"
+    )
+    assert len(gaps) == 16 * new
+    assert max(gaps) <= PICK_TOLERANCE[model.dtype]
+    assert exact >= 0.9
 
 
 def test_shared_prefix_prefills_only_the_uncached_suffix(lm: tuple[Any, Any]) -> None:
@@ -184,7 +233,9 @@ def test_stop_strings_eos_and_multibyte_text(lm: tuple[Any, Any]) -> None:
     assert finals["stop-id"].completion_tokens == ref.index(ref[5]) + 1
     # Without ignore_eos the request ends at EOS exactly where generate does.
     with torch.inference_mode():
-        natural = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)
+        natural = model.generate(
+            torch.tensor([prompt], device=model.device), max_new_tokens=40, do_sample=False
+        )
     natural_ids = natural[0, len(prompt) :].tolist()
     eos_tokens, _ = collect([o for o in outs if o.request_id == "eos"])
     assert eos_tokens["eos"] == natural_ids
@@ -194,13 +245,20 @@ def test_stop_strings_eos_and_multibyte_text(lm: tuple[Any, Any]) -> None:
     assert finals["eos"].finish is expected
 
 
-def test_requests_that_cannot_fit_fail_cleanly(lm: tuple[Any, Any]) -> None:
+def test_requests_that_cannot_run_fail_cleanly(lm: tuple[Any, Any]) -> None:
     model, tok = lm
     engine = Engine(model, tok, EngineConfig(kv_budget_tokens=256))
     engine.add_request(EngineRequest("big", [5] * 200, max_tokens=100))
     engine.add_request(EngineRequest("empty", [], max_tokens=4))
-    _, finals = collect(engine.run_until_idle())
+    engine.add_request(EngineRequest("oov", [5, model.config.vocab_size], max_tokens=4))
+    engine.add_request(EngineRequest("negative", [-1, 5], max_tokens=4))
+    engine.add_request(EngineRequest("fine", [5, 6], max_tokens=4, ignore_eos=True))
+    tokens, finals = collect(engine.run_until_idle())
     assert finals["big"].finish is Status.FINISHED_ERROR and "KV budget" in (
         finals["big"].error or ""
     )
     assert finals["empty"].finish is Status.FINISHED_ERROR
+    for name in ("oov", "negative"):  # on CUDA these would poison the device, not raise
+        assert finals[name].finish is Status.FINISHED_ERROR
+        assert "token ids must lie in" in (finals[name].error or "")
+    assert finals["fine"].finish is Status.FINISHED_LENGTH and len(tokens["fine"]) == 4

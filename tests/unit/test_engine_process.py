@@ -17,6 +17,7 @@ import pytest
 
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest, StepOutput
 from services.worker.runtime import EngineFailed, EngineProcess, EngineSpec
+from tests.unit.conftest import DEVICE, DTYPE
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = EngineConfig(kv_budget_tokens=2048)
@@ -24,7 +25,8 @@ CONFIG = EngineConfig(kv_budget_tokens=2048)
 
 @pytest.fixture
 async def engine(model_dir: str) -> AsyncIterator[EngineProcess]:
-    proc = EngineProcess(EngineSpec(model_dir, torch_threads=1, config=CONFIG))
+    spec = EngineSpec(model_dir, DEVICE, DTYPE, torch_threads=1, config=CONFIG)
+    proc = EngineProcess(spec)
     await asyncio.to_thread(proc.start, 120)
     await proc.attach()
     yield proc
@@ -99,13 +101,14 @@ async def test_an_aborted_request_ends_without_running_to_its_limit(
 
 
 async def test_a_failing_step_is_reported_and_ends_the_process(model_dir: str) -> None:
-    proc = EngineProcess(EngineSpec(model_dir, torch_threads=1, config=CONFIG))
+    spec = EngineSpec(model_dir, DEVICE, DTYPE, torch_threads=1, config=CONFIG)
+    proc = EngineProcess(spec)
     await asyncio.to_thread(proc.start, 120)
     await proc.attach()
-    proc.submit(EngineRequest("x", [10**7], max_tokens=2))  # outside the vocabulary
+    proc.submit(EngineRequest("x", ["not a token id"], max_tokens=2))  # type: ignore[list-item]
     assert await asyncio.wait_for(proc.outputs.get(), 60) == []
     assert isinstance(proc.error, EngineFailed)
-    assert "IndexError" in str(proc.error)
+    assert "TypeError" in str(proc.error)
     await asyncio.to_thread(proc._proc.join, 10)
     assert proc._proc.exitcode is not None
     proc.stop()

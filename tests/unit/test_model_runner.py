@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from services.worker.engine.engine import _forward_groups
 from services.worker.engine.model_runner import ModelRunner, RunItem
@@ -23,8 +22,8 @@ BLOCKS_PER_SEQ = 24  # room for 384 tokens
 
 
 @pytest.fixture(scope="module")
-def model(model_dir: str) -> Any:
-    return AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+def model(lm: tuple[Any, Any]) -> Any:
+    return lm[0]
 
 
 class Seq:

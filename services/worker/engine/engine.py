@@ -103,6 +103,7 @@ class Engine:
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size)
         self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         eos = getattr(model.generation_config, "eos_token_id", None)
         if eos is None:
             eos = tokenizer.eos_token_id
@@ -158,6 +159,10 @@ class Engine:
             problem = f"prompt + max_tokens = {total} exceeds the model context {self.max_context}"
         elif total > self.kv.num_blocks * self.kv.block_size:
             problem = f"prompt + max_tokens = {total} exceeds the KV budget"
+        elif not 0 <= min(req.prompt_ids) <= max(req.prompt_ids) < self.vocab_size:
+            # On CUDA an out-of-range id would not raise but poison the device for every
+            # later step (a device-side assert); here it is one request's error.
+            problem = f"prompt token ids must lie in [0, {self.vocab_size})"
         if problem:
             return StepOutput(req.request_id, [], "", Status.FINISHED_ERROR, error=problem)
         seq = SeqState(req.request_id, list(req.prompt_ids), req.max_tokens, req.priority)
