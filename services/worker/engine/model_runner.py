@@ -22,6 +22,7 @@ Two ways to hand KV to the model's attention, by the shape of the work:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -299,6 +300,10 @@ class ModelRunner:
         )
         self._decoder = model.get_decoder()
         self._lm_head = model.get_output_embeddings()
+        # Later transformers 5 releases renamed the decoder's ``past_key_values`` argument to
+        # ``cache``; a cache passed under a name the model ignores would silently be dropped.
+        params = inspect.signature(self._decoder.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @torch.inference_mode()
     def forward(self, items: Sequence[RunItem]) -> torch.Tensor:
@@ -337,7 +342,7 @@ class ModelRunner:
             input_ids=ids_t.view(rows, 1),
             position_ids=pos_t.view(rows, 1),
             attention_mask=mask,
-            cache=cache,
+            **{self._cache_arg: cache},
             use_cache=True,
         ).last_hidden_state
         logits = self._lm_head(hidden[:, 0]).float()
@@ -383,7 +388,7 @@ class ModelRunner:
             input_ids=input_ids.to(dev),
             position_ids=positions.to(dev),
             attention_mask=mask.to(dev),
-            cache=cache,
+            **{self._cache_arg: cache},
             use_cache=True,
         ).last_hidden_state
         last = (lens_t - 1).to(dev)
