@@ -73,8 +73,9 @@ def test_greedy_matches_generate_with_staggered_arrivals_and_shared_prefixes(
 
 
 # How far below the best logit a greedy pick may score in a plain forward pass: rounding in
-# the batched, chunked, paged passes against one unbatched pass, by precision.
-PICK_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25, torch.float16: 0.05}
+# the batched, chunked, paged passes against one unbatched pass, by precision. Measured on
+# an H200 in bf16: 99.7% exact picks, the largest shortfall 0.031.
+PICK_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.125, torch.float16: 0.05}
 
 
 def test_every_greedy_pick_tops_a_plain_forward_pass(lm: tuple[Any, Any]) -> None:
