@@ -135,6 +135,7 @@ def test_bench_e2e_smoke_reports_every_figure(
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
+    assert report["warmup"]["requests"] == 8 and report["warmup"]["pipeline_s"] > 0
     for row in report["closed_loop"]:
         for key in ("ttft_ms", "itl_ms", "e2e_ms"):
             assert set(row[key]) == {"p50", "p95", "p99"}
