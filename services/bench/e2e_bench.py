@@ -72,7 +72,7 @@ class E2EConfig:
     probe_requests: int = 24
     probe_tokens: int = 8
     # Short requests through the pipeline (and the engine alone) before anything is measured.
-    warmup_requests: int = 300
+    warmup_requests: int = 800
 
 
 class Mix:
@@ -508,14 +508,15 @@ async def warm_up(stack: Stack, base: Baselines, cfg: E2EConfig, model_name: str
     measured: a benchmark reports steady state. The broker is a JVM, and after it starts its
     first few hundred requests run slower while its JIT compiles. Measured here, low-load
     probes right after a broker restart added 20–25 ms of TTFT over the first 20, 10–19 ms
-    over the next 80 and about 11 ms after that; after this warm-up, 10–12 ms from the
+    over the next 80 and about 11 ms after that. After 300 warm-up requests the first
+    round of probes still added 20 ms, the later ones 11–15; after 600, 10–12 ms from the
     first probe on."""
     mix = Mix(cfg.workload)
     bodies = [{**mix.body(), "max_tokens": 2} for _ in range(cfg.warmup_requests)]
     t0 = time.perf_counter()
-    await closed_loop(stack, bodies, 4, model_name)
+    await closed_loop(stack, bodies, 8, model_name)
     pipeline_s = time.perf_counter() - t0
-    base.engine_closed_loop(bodies, 4)
+    base.engine_closed_loop(bodies, 8)
     return {"requests": len(bodies), "pipeline_s": pipeline_s}
 
 
