@@ -508,9 +508,8 @@ async def warm_up(stack: Stack, base: Baselines, cfg: E2EConfig, model_name: str
     measured: a benchmark reports steady state. The broker is a JVM, and after it starts its
     first few hundred requests run slower while its JIT compiles. Measured here, low-load
     probes right after a broker restart added 20–25 ms of TTFT over the first 20, 10–19 ms
-    over the next 80 and about 11 ms after that. After 300 warm-up requests the first
-    round of probes still added 20 ms, the later ones 11–15; after 600, 10–12 ms from the
-    first probe on."""
+    over the next 80 and about 11 ms after that. This takes away part of that, not all:
+    on a fresh broker the first round of probes still came out at 15–20 ms."""
     mix = Mix(cfg.workload)
     bodies = [{**mix.body(), "max_tokens": 2} for _ in range(cfg.warmup_requests)]
     t0 = time.perf_counter()
