@@ -167,7 +167,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_dir = args.model_dir or resolve_model_dir("", args.preset)
-    cfg = BenchConfig(concurrencies=tuple(args.concurrency))
+    cfg = BenchConfig()
     if args.quick:  # a smoke configuration: proves the command works, measures little
         cfg = BenchConfig(
             concurrencies=(1, 4),
@@ -179,6 +179,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
             prefix_requests=4,
             prefix_new_tokens=4,
         )
+    if args.concurrency:
+        cfg.concurrencies = tuple(args.concurrency)
     run(model_dir, cfg, Path(args.out) if args.out else None, args.device, args.dtype)
 
 
@@ -261,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--model-dir", default="")
     be.add_argument("--threads", type=int, default=0)
     be.add_argument("--quick", action="store_true")
-    be.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    be.add_argument("--concurrency", type=int, nargs="+", help="default: 1 8 32")
     be.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     be.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     be.add_argument("--out", default="reports/bench_engine.json")
