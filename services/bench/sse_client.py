@@ -131,7 +131,7 @@ class SsePool:
     async def post(self, path: str, body: bytes, on_data: OnData) -> None:
         """Post ``body`` to ``path``; ``on_data`` gets each ``data:`` payload of the
         response. Raises ``HttpError`` for a status other than 200."""
-        conn = self._idle.pop() if self._idle else await self._connect()
+        conn = self._take_idle() or await self._connect()
         try:
             await asyncio.wait_for(
                 conn.post(f"{self.host}:{self.port}", path, self._headers, body, on_data),
@@ -142,6 +142,15 @@ class SsePool:
             raise
         if conn.open:
             self._idle.append(conn)
+
+    def _take_idle(self) -> _Connection | None:
+        """An idle connection still open; those the server closed meanwhile (its keep-alive
+        timeout) are dropped: a request written to one would wait for an answer forever."""
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.open:
+                return conn
+        return None
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
