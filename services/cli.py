@@ -67,6 +67,7 @@ def cmd_worker(_: argparse.Namespace) -> None:
         device=settings.device,
         dtype=settings.dtype,
         torch_threads=settings.torch_threads,
+        nice=settings.engine_nice,
         config=EngineConfig(
             block_size=settings.block_size,
             kv_budget_tokens=settings.kv_budget_tokens,

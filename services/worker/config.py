@@ -21,6 +21,9 @@ class WorkerSettings(CommonSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     torch_threads: int = Field(0, ge=0, description="0: torch's default")
+    engine_nice: int = Field(
+        5, ge=0, le=19, description="the engine process's niceness above the worker's"
+    )
     kv_budget_tokens: int = Field(65_536, ge=16)
     block_size: int = Field(16, ge=1, le=1024)
     max_running: int = Field(64, ge=1)

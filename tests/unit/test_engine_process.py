@@ -77,6 +77,29 @@ async def test_outputs_match_the_engine_in_process(
     assert engine.stats.running == 0 and engine.stats.kv_used_blocks == 0
 
 
+def thread_niceness(pid: int | None) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    return [int((t / "stat").read_text().rsplit(")", 1)[1].split()[16]) for t in tasks.iterdir()]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
+async def test_every_engine_thread_runs_at_the_lowered_priority(model_dir: str) -> None:
+    """Threads started after the process lowered its priority (PyTorch's OpenMP team, on
+    the first step with two threads) inherit it, as do those started before."""
+    spec = EngineSpec(model_dir, DEVICE, DTYPE, torch_threads=2, nice=3, config=CONFIG)
+    proc = EngineProcess(spec)
+    await asyncio.to_thread(proc.start, 120)
+    try:
+        await proc.attach()
+        proc.submit(EngineRequest("r", [5, 6, 7, 8], max_tokens=4))
+        await finals(proc, 1)
+        nice = thread_niceness(proc.pid)
+        assert len(nice) > 1
+        assert set(nice) == {os.nice(0) + 3}
+    finally:
+        proc.stop()
+
+
 async def test_kv_summary_is_answered_between_steps(engine: EngineProcess) -> None:
     prompt = list(range(10, 74))  # four full blocks: cached prefix hashes to summarise
     for i in range(4):
