@@ -59,7 +59,7 @@ class EngineSpec:
     device: str = "auto"
     dtype: str = "auto"
     torch_threads: int = 0  # 0: torch's default
-    nice: int = 0  # added to the process's niceness before any thread starts
+    nice: int = 0  # added to the niceness of the process and of every thread it starts
     config: EngineConfig = field(default_factory=EngineConfig)
     log_level: str = "INFO"
 
