@@ -7,7 +7,8 @@ GIL on every op it runs. Measured on 2 cores with the ``small`` preset at 32 str
 engine alone made 583 tokens/s; beside a thread holding the GIL 5% of the time, 509 (0.87x);
 beside a process doing the same work, 546 (0.94x).
 
-The engine process runs at a lower CPU priority than the worker (``nice``, 5 by default).
+The engine process runs at a lower CPU priority than the worker (``EngineSpec.nice``; the
+worker passes ``TW_ENGINE_NICE``, 5 by default).
 At 1 stream the engine keeps both cores busy decoding while the processes around it relay
 the first token; at normal priority each of them, on waking, waited for an engine thread
 to be descheduled: up to a scheduler tick per hop. Measured with 60 probe requests per
