@@ -11,7 +11,9 @@ services' own metrics.
 Baselines, in the same run and on the same requests: the engine alone in-process (no Kafka,
 Redis or HTTP) at the same concurrency, and Hugging Face ``generate`` one request at a time.
 A shared machine's speed drifts by tens of percent within minutes, so each level runs in
-rounds that alternate pipeline and baselines, and ratios are medians of per-round ratios.
+rounds of the pipeline and the baselines back to back (every other round the baselines go
+first, so that neither side always runs second, after the other's trailing work), and ratios
+are medians of per-round ratios, each with a distribution-free interval.
 Writes ``report.json`` and PNG plots.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import statistics
 import time
@@ -101,6 +104,24 @@ class Mix:
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
+
+
+def median_interval(values: list[float], confidence: float = 0.9) -> dict[str, float]:
+    """A distribution-free interval for the median of ``values``: order statistics
+    ``x_(k)`` and ``x_(n+1-k)`` with the largest ``k`` whose coverage, 1 - 2 P(B <= k-1)
+    for B ~ Binomial(n, 1/2), is at least ``confidence``. With too few values for that,
+    the whole range; ``coverage`` gives the interval's exact confidence either way."""
+    s, n = sorted(values), len(values)
+    if not n:
+        return {"low": float("nan"), "high": float("nan"), "coverage": 0.0}
+
+    def coverage(k: int) -> float:  # of [x_(k), x_(n+1-k)], k counted from 1
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= confidence:
+        k += 1
+    return {"low": s[k - 1], "high": s[n - k], "coverage": coverage(k)}
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -441,15 +462,33 @@ async def _engine_counters(stack: Stack) -> tuple[float, float]:
 
 
 async def _round(
-    stack: Stack, base: Baselines, bodies: list[dict[str, Any]], c: int, model: str, serial: int
+    stack: Stack,
+    base: Baselines,
+    bodies: list[dict[str, Any]],
+    c: int,
+    model: str,
+    serial: int,
+    baselines_first: bool,
 ) -> tuple[list[Sample], dict[str, Any]]:
-    """The pipeline, then the engine alone (and ``generate`` when ``serial``) on ``bodies``."""
+    """The pipeline and the baselines (the engine alone, and ``generate`` when ``serial``)
+    on ``bodies``, back to back: the baselines first when ``baselines_first``."""
+    row: dict[str, Any] = {"baselines_first": baselines_first}
+
+    def baselines() -> tuple[Throughput, list[float]]:
+        out = base.engine_closed_loop(bodies, c)
+        if serial:
+            row["serial_generate_tok_s"] = base.serial_generate(bodies[:serial])
+        return out
+
+    if baselines_first:
+        engine, engine_ttft = baselines()
     busy0, steps0 = await _engine_counters(stack)
     samples, wall, tput = await closed_loop(stack, bodies, c, model)
     busy1, steps1 = await _engine_counters(stack)
-    engine, engine_ttft = base.engine_closed_loop(bodies, c)
+    if not baselines_first:
+        engine, engine_ttft = baselines()
     # ``tok_s``: while all ``c`` streams are busy; ``_whole``: the drain included.
-    row = {
+    row |= {
         "tok_s": tput.full,
         "tok_s_whole": tput.whole,
         "req_s": len(samples) / wall,
@@ -463,7 +502,6 @@ async def _round(
         "vs_engine_alone_whole": tput.whole / engine.whole,
     }
     if serial:
-        row["serial_generate_tok_s"] = base.serial_generate(bodies[:serial])
         row["vs_serial_generate"] = tput.full / row["serial_generate_tok_s"]
         row["vs_serial_generate_whole"] = tput.whole / row["serial_generate_tok_s"]
     return samples, row
@@ -549,7 +587,9 @@ async def measure(
                 mix = Mix(replace(cfg.workload, seed=cfg.workload.seed + 1000 * c + r))
                 bodies = [mix.body() for _ in range(n)]
                 serial = cfg.serial_requests if c == top else 0
-                samples, row = await _round(stack, base, bodies, c, model_name, serial)
+                samples, row = await _round(
+                    stack, base, bodies, c, model_name, serial, baselines_first=r % 2 == 1
+                )
                 if c == min(cfg.concurrencies) and cfg.probe_requests:
                     row.update(await _ttft_probe(stack, base, mix, cfg, model_name))
                 pooled += samples
@@ -567,6 +607,9 @@ async def measure(
                 "vs_engine_alone_whole",
             ):
                 level[key] = _median(rounds, key)
+            level["vs_engine_alone_interval"] = median_interval(
+                [r["vs_engine_alone"] for r in rounds]
+            )
             report["closed_loop"].append(level)
         # Before the open loop, whose requests skip the edge: the stage means subtract
         # edge and worker figures over the same requests.
@@ -592,6 +635,12 @@ async def measure(
         "pipeline_vs_engine_alone_whole": _median(top_rounds, "vs_engine_alone_whole"),
         "pipeline_vs_serial_generate_whole": _median(top_rounds, "vs_serial_generate_whole"),
     }
+    report["ratio_intervals"] = {
+        "pipeline_vs_engine_alone": rows[top]["vs_engine_alone_interval"],
+        "pipeline_vs_serial_generate": median_interval(
+            [r["vs_serial_generate"] for r in top_rounds]
+        ),
+    }
     low = rows[min(cfg.concurrencies)]["rounds"]
     report["low_load"] = {
         "concurrency": min(cfg.concurrencies),
@@ -614,7 +663,7 @@ QUICK = E2EConfig(
     concurrencies=(1, 4),
     requests_per_stream=2,
     min_requests=4,
-    rounds=1,
+    rounds=2,
     rates=(4.0,),
     open_seconds=2.0,
     workload=Workload(system_words=40, prompt_words=(4, 16), output_tokens=(4, 8)),
@@ -652,12 +701,16 @@ def print_table(report: dict[str, Any]) -> None:
             f"| {r['prefix_hit_rate']:.0%} |"
         )
     ra, b, s, lo = report["ratios"], report["baselines"], report["stages"], report["low_load"]
+    ia, ig = report["ratio_intervals"].values()
     top = max(report["config"]["concurrencies"])
     print(
-        f"\npipeline at {top} streams (median of per-round ratios): "
-        f"{ra['pipeline_vs_engine_alone']:.0%} of the engine alone, "
+        f"\npipeline at {top} streams (median of per-round ratios, with a "
+        f"{ia['coverage']:.0%} interval for it): "
+        f"{ra['pipeline_vs_engine_alone']:.0%} of the engine alone "
+        f"({ia['low']:.0%}–{ia['high']:.0%}), "
         f"{ra['pipeline_vs_serial_generate']:.1f}x HF generate one at a time "
-        f"({b['serial_generate_tok_s']:.0f} tok/s); over whole runs, the drain included: "
+        f"({ig['low']:.1f}–{ig['high']:.1f}x; "
+        f"{b['serial_generate_tok_s']:.0f} tok/s); over whole runs, the drain included: "
         f"{ra['pipeline_vs_engine_alone_whole']:.0%} and "
         f"{ra['pipeline_vs_serial_generate_whole']:.1f}x"
     )

@@ -143,6 +143,10 @@ def test_bench_e2e_smoke_reports_every_figure(
         assert row["engine_alone_tok_s"] > 0 and 0 < row["engine_busy_share"] <= 1.05
         assert row["tok_s_whole"] > 0 and row["engine_alone_tok_s_whole"] > 0
         assert row["rounds"] and all(r["vs_engine_alone"] > 0 for r in row["rounds"])
+        # Every other round runs the baselines first.
+        assert [r["baselines_first"] for r in row["rounds"]] == [False, True]
+        interval = row["vs_engine_alone_interval"]
+        assert interval["low"] <= row["vs_engine_alone"] <= interval["high"]
     assert report["open_loop"] and all(r["e2e_ms"]["p50"] > 0 for r in report["open_loop"])
     stages = report["stages"]
     for key in (
@@ -156,6 +160,7 @@ def test_bench_e2e_smoke_reports_every_figure(
     assert stages["batch_size_cumulative"]
     ratios = ("pipeline_vs_engine_alone", "pipeline_vs_serial_generate")
     assert set(report["ratios"]) == {*ratios, *(r + "_whole" for r in ratios)}
+    assert set(report["ratio_intervals"]) == set(ratios)
     low = report["low_load"]
     assert low["ttft_p50_ms"] > 0 and low["engine_alone_ttft_p50_ms"] > 0
     assert math.isfinite(low["added_ttft_p50_ms"]) and math.isfinite(low["p50_difference_ms"])
