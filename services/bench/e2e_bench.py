@@ -701,7 +701,8 @@ def print_table(report: dict[str, Any]) -> None:
             f"| {r['prefix_hit_rate']:.0%} |"
         )
     ra, b, s, lo = report["ratios"], report["baselines"], report["stages"], report["low_load"]
-    ia, ig = report["ratio_intervals"].values()
+    intervals = report["ratio_intervals"]
+    ia, ig = intervals["pipeline_vs_engine_alone"], intervals["pipeline_vs_serial_generate"]
     top = max(report["config"]["concurrencies"])
     print(
         f"\npipeline at {top} streams (median of per-round ratios, with a "
