@@ -6,7 +6,7 @@ exported by ``tokenwire schema`` into ``shared/schemas/`` is generated from them
 
 from __future__ import annotations
 
-import secrets
+import hashlib
 import time
 import uuid
 from enum import StrEnum
@@ -26,9 +26,12 @@ def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex}"
 
 
-def new_seed() -> int:
-    """A random 63-bit seed; assigned at ingestion so a regenerated request repeats itself."""
-    return secrets.randbits(63)
+def seed_of(request_id: str) -> int:
+    """The 63-bit seed a request without one samples with, derived from its id: every
+    consumption of the request (a redelivery, a takeover after a crash) draws the same
+    tokens, so a resumed stream never splices two different samples."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & SEED_MAX
 
 
 class Wire(BaseModel):
@@ -81,6 +84,13 @@ class ReplyTarget(Wire):
     kafka_topic: str | None = Field(
         None, min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$"
     )
+    unfollowed_grace_s: float | None = Field(
+        None,
+        gt=0,
+        le=3600,
+        description="cancel the request once no client has followed its token stream for "
+        "this long (edges set it for streams that a disconnect cancels)",
+    )
 
 
 class GenerateRequest(Wire):
@@ -113,10 +123,10 @@ class GenerateRequest(Wire):
         return len(self.prompt or "")
 
     def with_seed(self) -> GenerateRequest:
-        """This request with a seed set (a fresh one if the producer gave none)."""
+        """This request with a seed set (``seed_of`` its id if the producer gave none)."""
         if self.sampling.seed is not None:
             return self
-        sampling = self.sampling.model_copy(update={"seed": new_seed()})
+        sampling = self.sampling.model_copy(update={"seed": seed_of(self.request_id)})
         return self.model_copy(update={"sampling": sampling})
 
 

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import new_prefix
 from tests.integration.harness import Stack, make_stack
+from tests.integration.servers import Server, private_server
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
@@ -45,3 +46,25 @@ async def bare(
         yield st
     finally:
         st.stop_all()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[Server]:
+    """A Redis server of this test's own, which it may stop and start."""
+    srv = private_server("redis", tmp_path / "redis-run")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def own_kafka(tmp_path: Path) -> Iterator[Server]:
+    """A Kafka broker of this test's own, which it may stop and start."""
+    srv = private_server("kafka", tmp_path / "kafka-run")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

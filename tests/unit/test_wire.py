@@ -30,7 +30,7 @@ from shared.messages import (
     WorkerHeartbeat,
     error_event,
     new_request_id,
-    new_seed,
+    seed_of,
 )
 from shared.names import Names
 from shared.schemas import SCHEMA_DIR, export_schemas, render, stale_schemas
@@ -268,8 +268,16 @@ def test_with_seed_sets_one_without_touching_the_original() -> None:
     assert seeded.model_copy(update={"sampling": req.sampling}) == req
     assert decode(GenerateRequest, encode(seeded)).sampling.seed == seeded.sampling.seed
     assert seeded.with_seed().sampling.seed == seeded.sampling.seed
-    assert len({new_seed() for _ in range(20)}) > 1
-    assert all(0 <= new_seed() <= SEED_MAX for _ in range(100))
+
+
+def test_an_unseeded_request_gets_the_same_seed_at_every_consumption() -> None:
+    """A redelivered request (a batcher crash, a takeover) samples the same tokens."""
+    raw = encode(GenerateRequest(prompt="p", sampling=SamplingParams(temperature=0.8)))
+    first = decode(GenerateRequest, raw).with_seed().sampling.seed
+    again = decode(GenerateRequest, raw).with_seed().sampling.seed
+    assert first == again == seed_of(decode(GenerateRequest, raw).request_id)
+    seeds = {seed_of(new_request_id()) for _ in range(100)}
+    assert len(seeds) == 100 and all(0 <= s <= SEED_MAX for s in seeds)
 
 
 # --- small message helpers ---------------------------------------------------------------------
