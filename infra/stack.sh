@@ -2,42 +2,205 @@
 # Start, stop or inspect a whole tokenwire stack on this machine: Kafka, Redis, the topics,
 # and one worker, batcher and edge. Idempotent. TW_STACK=demo|test picks ports and folders.
 #   infra/stack.sh up | down | status
+#
+# Each service runs under a supervisor (`infra/stack.sh supervise NAME`, started by `up`)
+# that restarts it whenever it exits, until `down`: a service exits only on SIGTERM or a
+# bug (docs: ARCHITECTURE.md, "Failure model"), and a bug must not end the stack. The delay
+# before a restart starts at TW_RESTART_MIN_S (1 s) and doubles up to TW_RESTART_MAX_S
+# (30 s), so a service that cannot start does not spin; a run that lasted TW_RESTART_RESET_S
+# (60 s) starts it over. Each restart is one JSON line (logger "supervisor") in the
+# service's log, with the exit code and the delay.
+#
+# Files in $TW_RUN_DIR/pids: NAME.pid is the service process itself (rewritten at each
+# restart, so whatever signals a service by its pid file keeps working), NAME.supervisor.pid
+# its supervisor, NAME.restarts "<restarts> <last exit code>" since the supervisor started.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$TW_ROOT"
-TW="$TW_ROOT/.venv/bin/tokenwire"
+# TW_BIN: another tokenwire executable (an installed one, a wrapper) than the project's venv.
+TW="${TW_BIN:-$TW_ROOT/.venv/bin/tokenwire}"
 PIDS="$TW_RUN_DIR/pids"
 LOGS="$TW_RUN_DIR/logs"
 SERVICES=(worker batcher edge)
 mkdir -p "$PIDS" "$LOGS"
 export TW_PORT="$TW_EDGE_PORT"
-# Worker and batcher read the same model folder (the batcher only for its tokenizer).
-export TW_MODEL_DIR="${TW_MODEL_DIR:-$("$TW" model build --preset "${TW_MODEL_PRESET:-tiny}" 2>/dev/null | tail -n 1)}"
 
-alive() { [ -f "$PIDS/$1.pid" ] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
+# Seconds with up to 3 decimals, as whole milliseconds (bash has integers only).
+to_ms() {
+  [[ "$2" =~ ^([0-9]+)(\.([0-9]{1,3}))?$ ]] || { echo "$1 must be seconds (e.g. 1 or 0.5), not '$2'" >&2; exit 2; }
+  local frac="${BASH_REMATCH[3]}000"
+  echo $((10#${BASH_REMATCH[1]} * 1000 + 10#${frac:0:3}))
+}
+# Milliseconds as seconds for a log line: 1000 -> 1, 250 -> 0.25.
+ms_as_s() {
+  local f
+  f=$(printf '%03d' $(($1 % 1000)))
+  while [[ "$f" == *0 ]]; do f=${f%0}; done
+  echo "$(($1 / 1000))${f:+.$f}"
+}
+now_ms() { local t=${EPOCHREALTIME//[.,]/}; echo $((10#$t / 1000)); }
+RESTART_MIN_MS=$(to_ms TW_RESTART_MIN_S "${TW_RESTART_MIN_S:-1}")
+RESTART_MAX_MS=$(to_ms TW_RESTART_MAX_S "${TW_RESTART_MAX_S:-30}")
+RESTART_RESET_MS=$(to_ms TW_RESTART_RESET_S "${TW_RESTART_RESET_S:-60}")
+((RESTART_MIN_MS >= 100 && RESTART_MAX_MS >= RESTART_MIN_MS)) ||
+  { echo "need 0.1 <= TW_RESTART_MIN_S <= TW_RESTART_MAX_S" >&2; exit 2; }
+
+model_dir() {
+  # Worker and batcher read the same model folder (the batcher only for its tokenizer).
+  "$TW" model build --preset "${TW_MODEL_PRESET:-tiny}" 2>/dev/null | tail -n 1
+}
+
+# kill -0 also succeeds on a zombie: a process whose parent is gone waits for its reaper
+# (PID 1, which can be slow in containers), so it counts as alive only if it is not one.
+alive_pid() { local st; st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) && [ "$st" != Z ]; }
+
+# The pid of a running service, from its pid file.
+service_pid() {
+  local pid
+  pid=$(cat "$PIDS/$1.pid" 2>/dev/null) || return 1
+  [[ "$pid" =~ ^[0-9]+$ ]] && alive_pid "$pid" || return 1
+  echo "$pid"
+}
+alive() { service_pid "$1" >/dev/null; }
+
+# The pid of a service's supervisor; the pid file outlives a killed supervisor, so it is
+# trusted only while that pid runs this script's `supervise NAME`.
+supervisor_pid() {
+  local pid
+  pid=$(cat "$PIDS/$1.supervisor.pid" 2>/dev/null) || return 1
+  [[ "$pid" =~ ^[0-9]+$ ]] && alive_pid "$pid" || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "stack.sh supervise $1 " || return 1
+  echo "$pid"
+}
+
+restarts_of() { local n; read -r n _ <"$PIDS/$1.restarts" 2>/dev/null && echo "${n:-0}" || echo 0; }
+
+describe_exit() {
+  # Bash reports a child killed by signal N as 128+N.
+  if (($1 > 128)) && kill -l $(($1 - 128)) >/dev/null 2>&1; then
+    echo "code $1 (SIG$(kill -l $(($1 - 128))))"
+  else
+    echo "code $1"
+  fi
+}
+
+# `supervise NAME`: run one service and restart it whenever it exits, until SIGTERM. Its
+# stdout and stderr are the service's log (start_service opens it).
+supervise() {
+  local name=$1 delay=$RESTART_MIN_MS restarts=0 stopping=0 child='' rc started ran how code nap
+  # No -e here: a supervisor must outlive any one failed command (a full disk refusing a
+  # log line, a pid file that cannot be written for a moment).
+  set +e
+  # SIGTERM (from `down`) only sets a flag: the supervisor leaves at its next step, never
+  # between starting a service and recording its pid, and restarts nothing after it.
+  trap 'stopping=1' TERM
+  # Bash reports a background job killed by a signal ("... Killed") on its stderr; that
+  # line would land in the service's JSON log, which gets this script's own line instead.
+  # The service writes to the log (fd 3); the supervisor's stderr goes nowhere.
+  exec 3>&2 2>/dev/null
+  echo $$ >"$PIDS/$name.supervisor.pid"
+  echo "0 -" >"$PIDS/$name.restarts"
+  slog() {
+    printf '{"t":%s,"level":"%s","service":"%s","logger":"supervisor","msg":"%s"%s}\n' \
+      "$EPOCHREALTIME" "$1" "$name" "$2" "${3:-}"
+  }
+  # A sleep that SIGTERM cuts short: bash runs a trap only between commands, and `wait`
+  # (unlike a foreground sleep) returns as soon as a trapped signal arrives.
+  pause() { sleep "$1" & nap=$!; wait "$nap"; kill "$nap" 2>/dev/null; }
+
+  TW_MODEL_DIR="${TW_MODEL_DIR:-$(model_dir)}"
+  export TW_MODEL_DIR
+
+  # A service left running without a supervisor (its supervisor was killed, or the stack
+  # was started by an older script) is adopted: not a child, so it is polled, not waited for.
+  child=$(service_pid "$name") && {
+    slog INFO "supervising $name (pid $child), which was already running"
+    started=$(now_ms)
+    while [ "$stopping" = 0 ] && alive_pid "$child"; do pause 1; done
+    [ "$stopping" = 0 ] && rc=unknown && rm -f "$PIDS/$name.pid"
+  }
+
+  while [ "$stopping" = 0 ]; do
+    if [ -n "${rc:-}" ]; then
+      ran=$(($(now_ms) - started))
+      ((ran >= RESTART_RESET_MS)) && delay=$RESTART_MIN_MS
+      restarts=$((restarts + 1))
+      echo "$restarts $rc" >"$PIDS/$name.restarts"
+      if [ "$rc" = unknown ]; then
+        how="exit code unknown (not started by this supervisor)" code=null
+      else
+        how=$(describe_exit "$rc") code=$rc
+      fi
+      slog WARNING "$name exited with $how after $(ms_as_s $((ran / 100 * 100))) s; restart $restarts in $(ms_as_s "$delay") s" \
+        ",\"exit_code\":$code,\"restart\":$restarts,\"delay_s\":$(ms_as_s "$delay")"
+      pause "$(ms_as_s "$delay")"
+      [ "$stopping" = 0 ] || break
+      delay=$((delay * 2 > RESTART_MAX_MS ? RESTART_MAX_MS : delay * 2))
+    fi
+    started=$(now_ms)
+    "$TW" "$name" </dev/null 2>&3 3>&- &
+    child=$!
+    echo "$child" >"$PIDS/$name.pid"
+    [ "$stopping" = 0 ] || break
+    # `wait` also returns (with 128+signal) when SIGTERM interrupts it; the service then
+    # still runs, and `down` stops it through its pid file.
+    while :; do
+      wait "$child"
+      rc=$?
+      [ "$stopping" = 0 ] || break 2
+      alive_pid "$child" || break
+    done
+    rm -f "$PIDS/$name.pid"
+  done
+  rm -f "$PIDS/$name.supervisor.pid"
+}
 
 start_service() {
   local name=$1
-  if alive "$name"; then return; fi
-  nohup "$TW" "$name" >>"$LOGS/$name.log" 2>&1 &
-  echo $! >"$PIDS/$name.pid"
+  supervisor_pid "$name" >/dev/null && return
+  # setsid: the supervisor and its service outlive this shell and are out of reach of the
+  # terminal's Ctrl-C (demo.sh traps it and runs `down`); nohup: and of its hang-up.
+  nohup setsid bash "$TW_ROOT/infra/stack.sh" supervise "$name" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  for _ in $(seq 1 100); do
+    supervisor_pid "$name" >/dev/null && alive "$name" && return
+    sleep 0.1
+  done
+  echo "$name did not start under its supervisor; see $LOGS/$name.log" >&2
+  return 1
+}
+
+# Supervisors go first, so that nothing restarts a service that `down` is stopping.
+stop_supervisor() {
+  local name=$1 pid
+  pid=$(supervisor_pid "$name") || { rm -f "$PIDS/$name.supervisor.pid"; return 0; }
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do alive_pid "$pid" || break; sleep 0.1; done
+  if alive_pid "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+  rm -f "$PIDS/$name.supervisor.pid"
 }
 
 stop_service() {
   local name=$1 pid
-  alive "$name" || { rm -f "$PIDS/$name.pid"; return 0; }
-  pid=$(cat "$PIDS/$name.pid")
+  pid=$(service_pid "$name") || { rm -f "$PIDS/$name.pid"; return 0; }
   kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  for _ in $(seq 1 100); do alive_pid "$pid" || break; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
   rm -f "$PIDS/$name.pid"
 }
 
 wait_ready() {
-  # The edge answers /healthz and a worker heartbeat is in Redis.
+  # The edge answers /healthz and a worker heartbeat is in Redis. A service that exits
+  # while the stack starts is reported at once: its supervisor would restart it, but an
+  # exit this early is a configuration error more often than a crash.
+  local before=("$@") i s
   for _ in $(seq 1 300); do
-    for s in "${SERVICES[@]}"; do
-      alive "$s" || { echo "$s exited; last log lines:" >&2; tail -n 30 "$LOGS/$s.log" >&2; return 1; }
+    for i in "${!SERVICES[@]}"; do
+      s=${SERVICES[$i]}
+      if ! supervisor_pid "$s" >/dev/null || (($(restarts_of "$s") > before[i])); then
+        echo "$s exited while the stack started (its supervisor restarts it; 'infra/stack.sh down' stops everything); last log lines:" >&2
+        tail -n 30 "$LOGS/$s.log" >&2
+        return 1
+      fi
     done
     if curl -fs "http://127.0.0.1:$TW_EDGE_PORT/healthz" >/dev/null 2>&1 &&
        [ -n "$(redis-cli -p "$TW_REDIS_PORT" --scan --pattern "${TW_TOPIC_PREFIX:-tw}:hb:*" | head -n1)" ]; then
@@ -64,27 +227,54 @@ dev_key() {
 
 case "${1:-}" in
   up)
+    TW_MODEL_DIR="${TW_MODEL_DIR:-$(model_dir)}"
+    export TW_MODEL_DIR
     infra/kafka.sh start
     infra/redis.sh start
     "$TW" topics create
-    for s in "${SERVICES[@]}"; do start_service "$s"; done
-    wait_ready
+    counts=()
+    for s in "${SERVICES[@]}"; do
+      # A supervisor started now begins at 0 restarts; a running one keeps its count.
+      if supervisor_pid "$s" >/dev/null; then counts+=("$(restarts_of "$s")"); else counts+=(0); fi
+      start_service "$s"
+    done
+    wait_ready "${counts[@]}"
     echo "tokenwire ($TW_STACK) is serving at http://127.0.0.1:$TW_EDGE_PORT"
     echo "development API key (tenant dev): $(dev_key)  (send 'Authorization: Bearer <key>'; TW_AUTH=required makes keys mandatory)"
     ;;
   down)
+    for s in edge batcher worker; do stop_supervisor "$s"; done
     for s in edge batcher worker; do stop_service "$s"; done
     infra/redis.sh stop
     infra/kafka.sh stop
     ;;
   status)
+    # 0 while every service is supervised (running, or waiting to be restarted) and Kafka
+    # and Redis answer; a service between two runs is its supervisor's business.
     rc=0
     for s in "${SERVICES[@]}"; do
-      if alive "$s"; then echo "$s: running (pid $(cat "$PIDS/$s.pid"))"; else echo "$s: stopped"; rc=1; fi
+      line="$s: stopped"
+      pid=$(service_pid "$s") && line="$s: running (pid $pid"
+      if sup=$(supervisor_pid "$s"); then
+        read -r n last <"$PIDS/$s.restarts" 2>/dev/null || { n=0; last=-; }
+        [ -n "$pid" ] || line="$s: restarting (supervisor pid $sup"
+        [ -n "$pid" ] && line+=", supervisor pid $sup"
+        line+=", restarts: $n"
+        [ "$last" = - ] || line+=", last exit $last"
+        line+=")"
+      else
+        rc=1
+        [ -n "$pid" ] && line+=", unsupervised: 'infra/stack.sh up' adopts it)"
+      fi
+      echo "$line"
     done
-    infra/kafka.sh status || rc=1
-    infra/redis.sh status || rc=1
+    infra/kafka.sh status || { echo "kafka: not answering"; rc=1; }
+    infra/redis.sh status || { echo "redis: not answering"; rc=1; }
     exit $rc
+    ;;
+  supervise)
+    [ -n "${2:-}" ] || { echo "usage: $0 supervise worker|batcher|edge" >&2; exit 2; }
+    supervise "$2"
     ;;
   *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac
