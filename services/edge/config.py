@@ -51,6 +51,14 @@ class EdgeSettings(CommonSettings):
     )
     load_refresh_s: float = Field(0.5, gt=0, description="how often batcher queues are read")
 
+    # --- Redis ---------------------------------------------------------------------------
+    redis_max_connections: int = Field(
+        256, ge=1, description="the Redis client's pool; a command beyond it waits its turn"
+    )
+    redis_timeout_s: float = Field(
+        5.0, gt=0, description="Redis connect, reply and pool-wait limit (then 503)"
+    )
+
     # --- streams -------------------------------------------------------------------------
     owner_ttl_s: int = Field(LOG_TTL_S, ge=1, description="how long a request can be resumed")
     cancel_wait_s: float = Field(5.0, gt=0, description="how long a cancel waits for the end")

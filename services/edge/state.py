@@ -11,6 +11,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 
 from services.edge.auth import KeyStore, parse_key_list
 from services.edge.config import EdgeSettings
@@ -23,6 +25,23 @@ from shared.kafka_io import make_producer
 from shared.names import Names
 
 log = logging.getLogger(__name__)
+
+
+def redis_client(settings: EdgeSettings) -> aioredis.Redis:
+    """The edge's Redis client. Its pool waits for a free connection rather than failing
+    (redis-py's default pool refuses the command past 100 in flight, which a busy edge
+    reaches: each admission runs three at once), and it retries a dropped connection
+    briefly, so a stale pooled connection after a Redis restart is not an error, while
+    an outage still surfaces within about a second."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=settings.redis_max_connections,
+        timeout=settings.redis_timeout_s,
+        socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+        retry=Retry(ExponentialWithJitterBackoff(cap=0.25, base=0.02), retries=2),
+    )
+    return aioredis.Redis.from_pool(pool)
 
 
 @dataclass
@@ -46,7 +65,7 @@ class EdgeState:
 
     @classmethod
     def build(cls, settings: EdgeSettings, metrics: EdgeMetrics) -> EdgeState:
-        redis = aioredis.Redis.from_url(settings.redis_url)
+        redis = redis_client(settings)
         names = settings.names
         return cls(
             settings=settings,
