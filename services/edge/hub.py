@@ -94,6 +94,14 @@ class Hub:
     def channels(self) -> int:
         return len(self._sinks)
 
+    def sizes(self) -> dict[str, int]:
+        """Entries of each per-channel map: all should follow the open streams."""
+        return {
+            "hub_sinks": len(self._sinks),
+            "hub_ready": len(self._ready),
+            "hub_acks": len(self._acks),
+        }
+
     async def start(self) -> None:
         """Connect (raising if Redis does not answer) and start the reader task."""
         reader = await self._connect()
@@ -201,8 +209,16 @@ class Hub:
                     for q in sinks.get(reply[1], ()):
                         q.put_nowait(reply[2])
                 elif kind == b"subscribe":
-                    acks = self._acks.get(reply[1])
-                    if acks:
-                        fut = acks.popleft()
-                        if not fut.done():
-                            fut.set_result(None)
+                    self._acked(reply[1])
+
+    def _acked(self, channel: bytes) -> None:
+        """Redis confirmed a SUBSCRIBE: resolve the oldest one waiting for ``channel``.
+        The entry goes when none waits, so the map holds only subscriptions in flight."""
+        acks = self._acks.get(channel)
+        if not acks:
+            return
+        fut = acks.popleft()
+        if not acks:
+            del self._acks[channel]
+        if not fut.done():
+            fut.set_result(None)

@@ -36,6 +36,12 @@ class EdgeMetrics:
         self.pubsub_reconnects = Gauge(
             "tw_edge_pubsub_reconnects", "reconnects of the shared subscriber", registry=r
         )
+        self.tracked = Gauge(
+            "tw_edge_tracked_entries",
+            "entries of the edge's per-request maps (they follow the open streams)",
+            ["map"],
+            registry=r,
+        )
         self.queued = Gauge(
             "tw_edge_batcher_queued_requests", "requests queued in batchers (last read)", registry=r
         )

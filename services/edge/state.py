@@ -104,6 +104,12 @@ class EdgeState:
         await self.producer.stop()
         await self.redis.aclose()
 
+    def tracked_sizes(self) -> dict[str, int]:
+        """Sizes of everything this process keeps per request. Rate buckets, owners and
+        logs live in Redis with TTLs; in-process there are the hub's maps and the
+        background tasks (cancels after a disconnect)."""
+        return {**self.hub.sizes(), "background_tasks": len(self._background)}
+
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` in the background (e.g. a cancel after the client has gone)."""
         task = asyncio.create_task(coro)

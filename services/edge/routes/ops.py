@@ -57,6 +57,8 @@ async def metrics(request: Request) -> Response:
     st = edge_state(request)
     st.metrics.queued.set(st.load.current.queued_requests)
     st.metrics.pubsub_reconnects.set(st.hub.reconnects)
+    for name, size in st.tracked_sizes().items():
+        st.metrics.tracked.labels(name).set(size)
     return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
