@@ -62,6 +62,13 @@ class EdgeSettings(CommonSettings):
     # --- streams -------------------------------------------------------------------------
     owner_ttl_s: int = Field(LOG_TTL_S, ge=1, description="how long a request can be resumed")
     cancel_wait_s: float = Field(5.0, gt=0, description="how long a cancel waits for the end")
+    unfollowed_grace_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="a request that a disconnect cancels (not resumable) is cancelled by "
+        "its worker once no client has followed its stream for this long (its edge died)",
+    )
     shutdown_grace_s: int = Field(
         5, ge=0, description="on SIGTERM, how long open streams may finish before closing"
     )

@@ -16,6 +16,7 @@ from shared.messages import (
     ChatMessage,
     GenerateRequest,
     Priority,
+    ReplyTarget,
     SamplingParams,
 )
 
@@ -66,8 +67,19 @@ class _Common(BaseModel):
         """The prompt or the messages, as GenerateRequest fields."""
         raise NotImplementedError
 
-    def to_request(self, request_id: str, tenant: str, max_tokens: int) -> GenerateRequest:
-        """The wire request for this body, its seed fixed now."""
+    def to_request(
+        self,
+        request_id: str,
+        tenant: str,
+        max_tokens: int,
+        *,
+        unfollowed_grace_s: float | None = None,
+    ) -> GenerateRequest:
+        """The wire request for this body, its seed fixed now. ``unfollowed_grace_s``
+        applies unless the body is resumable: a request that a client disconnect cancels
+        must also end when its edge dies (no edge is left to cancel it), so workers
+        cancel it once nobody has followed its stream for that long."""
+        grace = None if self.resumable else unfollowed_grace_s
         return GenerateRequest(
             request_id=request_id,
             tenant=tenant,
@@ -75,6 +87,7 @@ class _Common(BaseModel):
             model=self.model,
             sampling=self.sampling(max_tokens),
             stream=self.stream,
+            reply=ReplyTarget(unfollowed_grace_s=grace),
             **self.request_input(),
         ).with_seed()
 

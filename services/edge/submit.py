@@ -58,7 +58,12 @@ async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) 
             verdict.retry_after_s,
         )
     try:
-        return body.to_request(new_request_id(chat, time.time()), who.tenant, max_tokens)
+        return body.to_request(
+            new_request_id(chat, time.time()),
+            who.tenant,
+            max_tokens,
+            unfollowed_grace_s=st.settings.unfollowed_grace_s,
+        )
     except ValidationError as exc:
         raise bad_request(f"invalid request: {exc.errors()[0]['msg']}") from None
 
