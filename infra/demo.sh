@@ -29,7 +29,22 @@ if [ "$detach" = 1 ]; then
 fi
 echo "Serving; press Ctrl-C to stop everything."
 trap 'echo; infra/stack.sh down; exit 0' INT TERM
-while infra/stack.sh status >/dev/null 2>&1; do sleep 2; done
-echo "a service stopped; see $TW_RUN_DIR/logs" >&2
-infra/stack.sh down
-exit 1
+# The services wait out a Kafka or Redis outage and their supervisors restart them when
+# they exit, so a failed check is reported (once, and its end), not acted on: ending the
+# demo then would turn a blip into an outage. It ends on Ctrl-C or `infra/demo.sh stop`.
+healthy=1
+while :; do
+  if ! compgen -G "$TW_RUN_DIR/pids/*.supervisor.pid" >/dev/null; then
+    echo "the stack was stopped"
+    exit 0
+  fi
+  if report=$(infra/stack.sh status 2>&1); then
+    [ "$healthy" = 1 ] || echo "[demo] everything is up again"
+    healthy=1
+  elif [ "$healthy" = 1 ]; then
+    healthy=0
+    echo "[demo] not everything is up (logs: $TW_RUN_DIR/logs):" >&2
+    grep -v ': running' <<<"$report" >&2 || true
+  fi
+  sleep 2
+done
