@@ -18,10 +18,15 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
 def make_producer(
-    settings: CommonSettings, *, client_id: str, linger_ms: int = 2
+    settings: CommonSettings,
+    *,
+    client_id: str,
+    linger_ms: int = 2,
+    request_timeout_ms: int = 30_000,
 ) -> AIOKafkaProducer:
     """An idempotent producer that waits for every in-sync replica (acks=all): a send that
-    returns is durable, so callers may commit their input offsets after it."""
+    returns is durable, so callers may commit their input offsets after it. A send not
+    acknowledged within ``request_timeout_ms`` fails with ``KafkaTimeoutError``."""
     return AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap,
         client_id=client_id,
@@ -29,7 +34,7 @@ def make_producer(
         enable_idempotence=True,
         linger_ms=linger_ms,
         max_request_size=MAX_MESSAGE_BYTES,
-        request_timeout_ms=30_000,
+        request_timeout_ms=request_timeout_ms,
     )
 
 

@@ -28,3 +28,6 @@ class BatcherSettings(CommonSettings):
     fair_quantum_tokens: int = Field(64, ge=1, description="DRR credit per turn")
     max_queued_requests: int = Field(10_000, ge=1, description="pause consumption above this")
     max_queued_tokens: int = Field(4_000_000, ge=1)
+    kafka_request_timeout_ms: int = Field(
+        30_000, ge=1000, description="a batch or dead letter unacknowledged this long is retried"
+    )

@@ -44,6 +44,14 @@ class FairQueue(Generic[T]):
         self.count += 1
         self.tokens += q.cost
 
+    def requeue(self, items: list[Queued[T]]) -> None:
+        """Put back requests taken by ``pop`` whose send failed: ahead of the rest of their
+        tenants' requests, in the order they were taken."""
+        for q in reversed(items):
+            self._classes[q.priority].setdefault(q.tenant, deque()).appendleft(q)
+            self.count += 1
+            self.tokens += q.cost
+
     def oldest(self) -> float | None:
         """When the longest-waiting request was queued."""
         heads = [d[0].enqueued_at for c in self._classes for d in c.values() if d]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.metrics import FAST_BUCKETS, LATENCY_BUCKETS
+from shared.retry import DependencyMetrics
 
 
 class BatcherMetrics:
@@ -48,4 +49,30 @@ class BatcherMetrics:
         )
         self.lag = Gauge(
             "tw_batcher_consumer_lag", "requests on the topic not yet consumed", registry=r
+        )
+        # Riding out Redis and Kafka: tw_batcher_dependency_up / _outages_total, and every
+        # failure caught on the way (what failed, and with which error).
+        self.dependencies = DependencyMetrics(r, "batcher")
+        self.kafka_errors = Counter(
+            "tw_batcher_kafka_errors",
+            "Kafka calls failed and retried (op: batch, dead_letter, commit, fetch)",
+            ["op", "error"],
+            registry=r,
+        )
+        self.error_events = Counter(
+            "tw_batcher_error_events",
+            "error events for rejected requests (outcome: published, stream_ended, conflict)",
+            ["outcome"],
+            registry=r,
+        )
+        self.rejects_pending = Gauge(
+            "tw_batcher_rejects_pending",
+            "rejected messages whose dead letter or error event waits for Kafka or Redis",
+            registry=r,
+        )
+        self.bad_heartbeats = Counter(
+            "tw_batcher_bad_heartbeats", "worker heartbeats that did not decode", registry=r
+        )
+        self.requeued = Counter(
+            "tw_batcher_requeued", "requests put back in the queue after a failed send", registry=r
         )

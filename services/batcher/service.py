@@ -12,8 +12,6 @@ paused: the backlog stays in Kafka, not in memory.
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import logging
 import time
 from collections import defaultdict, deque
@@ -23,29 +21,24 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 from aiokafka.structs import ConsumerRecord
 
 from services.batcher.config import BatcherSettings
 from services.batcher.fair_queue import FairQueue, Queued
+from services.batcher.links import Gate, RedisAway, RedisLink, note_kafka_error
 from services.batcher.metrics import BatcherMetrics
+from services.batcher.rejects import Rejected, Rejects
 from services.batcher.routing import Router, RoutingMode, WorkerView, partition_for
 from services.batcher.window import WindowPolicy
-from shared import registry, token_stream
+from shared import registry
 from shared.codec import DecodeError, decode, encode
 from shared.kafka_io import make_consumer, make_producer
-from shared.messages import (
-    Batch,
-    BatcherStatus,
-    DeadLetter,
-    GenerateRequest,
-    Priority,
-    TokenEvent,
-    WorkerHeartbeat,
-    error_event,
-)
+from shared.messages import Batch, BatcherStatus, GenerateRequest, Priority, WorkerHeartbeat
 from shared.metrics import serve_metrics
 from shared.names import Names
 from shared.prefix_hash import block_hashes
+from shared.retry import Dependency
 
 log = logging.getLogger(__name__)
 
@@ -72,26 +65,6 @@ class Pending:
     request: GenerateRequest
 
 
-@dataclass(slots=True)
-class Rejected:
-    """A message that will not be served, with where it came from and why."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    reason: str
-    detail: str
-    request_id: str | None
-
-    @classmethod
-    def of(
-        cls, msg: ConsumerRecord[Any, Any], reason: str, detail: str, rid: str | None
-    ) -> Rejected:
-        return cls(msg.topic, msg.partition, msg.offset, msg.key, msg.value, reason, detail, rid)
-
-
 class _Rebalance(ConsumerRebalanceListener):
     def __init__(self, service: BatcherService) -> None:
         self.service = service
@@ -115,27 +88,36 @@ class BatcherService:
             settings.target_wait_ms,
         )
         self.router = Router(settings.routing, settings.affinity_tolerance)
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(settings.redis_url)
+        self.metrics = BatcherMetrics()
+        self.redis = RedisLink(settings.redis_url, self.metrics.dependencies)
+        self.kafka = Gate(Dependency("kafka", log, self.metrics.dependencies))
         # Batching is this service's own job: the producer sends at once (no linger).
         self.producer: AIOKafkaProducer = make_producer(
-            settings, client_id=settings.batcher_id, linger_ms=0
+            settings,
+            client_id=settings.batcher_id,
+            linger_ms=0,
+            request_timeout_ms=settings.kafka_request_timeout_ms,
         )
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings, group_id=self.names.batcher_group, client_id=settings.batcher_id
         )
+        self.rejects = Rejects(self.producer, self.kafka, self.redis, self.names, self.metrics)
         self.queue: FairQueue[Pending] = FairQueue(quantum=settings.fair_quantum_tokens)
-        self._unacked: dict[TopicPartition, set[int]] = defaultdict(set)  # queued offsets
+        # Offsets read but not yet safe: queued, in a batch not yet acknowledged, or
+        # rejected with a dead letter or error event still to send.
+        self._unacked: dict[TopicPartition, set[int]] = defaultdict(set)
         self._consumed: dict[TopicPartition, int] = {}  # offset after the last one read
         self._committed: dict[TopicPartition, int] = {}
         self._workers: list[WorkerView] = []
+        self._view_ok = False  # False while Redis is away: no view, no dispatch
         # What this batcher sent to each worker, and when: a heartbeat older than a send
         # does not count it yet, so the view subtracts it (no over-dispatch between beats).
         self._sent: dict[str, deque[tuple[float, int, int]]] = defaultdict(deque)
         self._workers_at = 0.0
         self._status_at = 0.0
+        self._bad_heartbeat_logged_at = 0.0
         self._paused = False
         self._stopping = asyncio.Event()
-        self.metrics = BatcherMetrics()
         self.batch_sizes: deque[int] = deque(maxlen=100_000)
         # Per request: arrival → dispatch decision (the window's share), and decision →
         # batch acknowledged by Kafka (the hand-off's share).
@@ -150,50 +132,52 @@ class BatcherService:
         try:
             while not self._stopping.is_set():
                 await self._tick()
-            # Graceful stop: hand off what is queued if workers can take it, else leave it
-            # to Kafka (uncommitted) for the next batcher.
-            with contextlib.suppress(Exception):
-                await self._dispatch(await self._load_workers(force=True))
-                await self._commit()
+            await self._hand_off()
         finally:
             await self.consumer.stop()
             await self.producer.stop()
-            with contextlib.suppress(Exception):
-                pipe = self.redis.pipeline(transaction=False)
-                bid = self.settings.batcher_id
-                registry.withdraw(
-                    pipe, self.names.batchers_index, bid, self.names.batcher_status(bid)
-                )
-                await pipe.execute()
+            await self._withdraw()
             await self.redis.aclose()
 
     def stop(self) -> None:
         self._stopping.set()
 
+    async def _hand_off(self) -> None:
+        """Graceful stop: hand off what is queued if workers can take it, else leave it to
+        Kafka (uncommitted) for the next batcher."""
+        workers = await self._load_workers(force=True)
+        if workers is not None:
+            await self._dispatch(workers)
+        await self._flush_rejects()
+        await self._commit()
+
+    async def _withdraw(self) -> None:
+        bid = self.settings.batcher_id
+        index, key = self.names.batchers_index, self.names.batcher_status(bid)
+
+        async def withdraw(client: aioredis.Redis) -> None:
+            pipe = client.pipeline(transaction=False)
+            registry.withdraw(pipe, index, bid, key)
+            await pipe.execute()
+
+        try:
+            await self.redis.call(withdraw)
+        except RedisAway:
+            log.info("status not withdrawn (Redis away): its key expires by itself")
+
     # --- one tick ---------------------------------------------------------------------
     async def _tick(self) -> None:
-        poll_ms = 5 if len(self.queue) else int(IDLE_POLL_S * 1000)
-        records = await self.consumer.getmany(timeout_ms=poll_ms, max_records=self._fetch_size())
-        now = time.time()
-        rejected = []
-        for tp, msgs in records.items():
-            for msg in msgs:
-                self._consumed[tp] = msg.offset + 1
-                item = self._parse(msg, now)
-                if isinstance(item, Rejected):
-                    rejected.append(item)
-                else:
-                    self._enqueue(tp, msg.offset, item, now)
-        rejected += self._expire(now)
-        if rejected:
-            await self._reject(rejected)
-        fresh = now - self._workers_at < VIEW_MAX_AGE_S
+        now = self._ingest(await self._fetch())
+        self.rejects.add(self._expire(now))
+        await self._flush_rejects()
+        fresh = self._view_ok and now - self._workers_at < VIEW_MAX_AGE_S
         workers = self._workers if fresh else await self._load_workers(force=True)
-        oldest = self.queue.oldest()
-        wait_ms = (now - oldest) * 1000 if oldest is not None else 0.0
-        free = sum(w.free_slots for w in workers) if workers else None
-        if self.policy.should_dispatch(len(self.queue), wait_ms, free, _saturation(workers)):
-            await self._dispatch(workers)
+        if workers is not None:
+            oldest = self.queue.oldest()
+            wait_ms = (now - oldest) * 1000 if oldest is not None else 0.0
+            free = sum(w.free_slots for w in workers) if workers else None
+            if self.policy.should_dispatch(len(self.queue), wait_ms, free, _saturation(workers)):
+                await self._dispatch(workers)
         await self._commit()
         self._apply_backpressure()
         await self._publish_status()
@@ -202,6 +186,32 @@ class BatcherService:
         idle_refresh_s = VIEW_MAX_AGE_S - IDLE_POLL_S
         if len(self.queue) or time.time() - self._workers_at >= idle_refresh_s:
             await self._load_workers()
+
+    async def _fetch(self) -> dict[TopicPartition, list[ConsumerRecord[Any, Any]]]:
+        # A short poll only while queued requests may go out: with Redis or Kafka away,
+        # the queue waits for them, not for the next arrival.
+        can_send = self.redis.up and self.kafka.up
+        poll_ms = 5 if len(self.queue) and can_send else int(IDLE_POLL_S * 1000)
+        try:
+            return await self.consumer.getmany(timeout_ms=poll_ms, max_records=self._fetch_size())
+        except KafkaError as exc:
+            note_kafka_error(self.metrics.kafka_errors, "fetch", exc)
+            await asyncio.sleep(IDLE_POLL_S)
+            return {}
+
+    def _ingest(self, records: dict[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> float:
+        """Queue what is valid and reject the rest; returns the time of arrival."""
+        now = time.time()
+        for tp, msgs in records.items():
+            for msg in msgs:
+                self._consumed[tp] = msg.offset + 1
+                self._unacked[tp].add(msg.offset)
+                item = self._parse(msg, now)
+                if isinstance(item, Rejected):
+                    self.rejects.add([item])
+                else:
+                    self._enqueue(tp, msg.offset, item, now)
+        return now
 
     def _fetch_size(self) -> int:
         room = self.settings.max_queued_requests - len(self.queue)
@@ -225,7 +235,6 @@ class BatcherService:
         cost = req.prompt_chars // 4 + 1 + req.sampling.max_tokens
         prio = 0 if req.priority is Priority.INTERACTIVE else 1
         self.queue.push(Queued(Pending(tp, offset, req), req.tenant, prio, cost, now))
-        self._unacked[tp].add(offset)
 
     def _affinity(self, req: GenerateRequest) -> list[int]:
         """Leading block hashes of the prompt, as the workers' prefix caches key them.
@@ -250,7 +259,6 @@ class BatcherService:
         out = []
         for q in gone:
             p = q.item
-            self._unacked[p.tp].discard(p.offset)
             rid = p.request.request_id
             out.append(
                 Rejected(
@@ -266,53 +274,42 @@ class BatcherService:
             )
         return out
 
-    async def _reject(self, rejected: list[Rejected]) -> None:
-        """Each rejected message goes to the DLQ with its bytes, reason and origin; where a
-        request id can be read, the sender also gets an error event."""
-        sends = []
-        notify: list[TokenEvent] = []
-        for r in rejected:
-            dl = DeadLetter(
-                reason=r.reason,
-                detail=r.detail,
-                topic=r.topic,
-                partition=r.partition,
-                offset=r.offset,
-                key=r.key.decode("utf-8", "replace") if r.key else None,
-                original_b64=base64.b64encode(r.value or b"").decode(),
-                request_id=r.request_id,
-            )
-            sends.append(await self.producer.send(self.names.requests_dlq, encode(dl), key=r.key))
-            if r.request_id is not None:
-                seq = (
-                    await token_stream.last_published_seq(self.redis, self.names, r.request_id) + 1
-                )
-                notify.append(error_event(r.request_id, seq, r.reason, r.detail))
-        await asyncio.gather(*sends)
-        for r in rejected:
-            self.metrics.dead_letters.labels(reason=r.reason).inc()
-        if notify:
-            with contextlib.suppress(Exception):  # e.g. an id whose stream already ended
-                await token_stream.publish_events(self.redis, self.names, notify)
+    async def _flush_rejects(self) -> None:
+        for r in await self.rejects.flush():
+            self._unacked[r.tp].discard(r.offset)
+        self.metrics.rejects_pending.set(len(self.rejects))
 
     # --- dispatch ---------------------------------------------------------------------
-    async def _load_workers(self, force: bool = False) -> list[WorkerView]:
+    async def _load_workers(self, force: bool = False) -> list[WorkerView] | None:
+        """The live workers and their room; None while Redis is away (with no view of the
+        workers nothing is dispatched: the queue waits for Redis)."""
         now = time.time()
-        if not force and (now - self._workers_at) * 1000 < self.settings.heartbeat_refresh_ms:
+        age_ms = (now - self._workers_at) * 1000
+        if not force and self._view_ok and age_ms < self.settings.heartbeat_refresh_ms:
             return self._workers
-        self._workers_at = now
-        raw = await registry.read_live(
-            self.redis, self.names.workers_index, self.names.heartbeat, WORKER_TTL_S
-        )
-        views = []
-        for data in raw:
-            with contextlib.suppress(DecodeError):
-                if data:
-                    hb = decode(WorkerHeartbeat, data)
-                    if hb.partitions:
-                        views.append(self._view(hb, now))
+        index, key_of = self.names.workers_index, self.names.heartbeat
+        try:
+            raw = await self.redis.call(
+                lambda c: registry.read_live(c, index, key_of, WORKER_TTL_S)
+            )
+        except RedisAway:
+            self._view_ok = False
+            return None
+        self._workers_at, self._view_ok = now, True
+        views = [v for v in (self._view_of(data, now) for data in raw) if v is not None]
         self._workers = sorted(views, key=lambda w: w.worker_id)
         return self._workers
+
+    def _view_of(self, data: bytes, now: float) -> WorkerView | None:
+        try:
+            hb = decode(WorkerHeartbeat, data)
+        except DecodeError as exc:
+            self.metrics.bad_heartbeats.inc()
+            if now - self._bad_heartbeat_logged_at > 60:  # it is read at every tick
+                self._bad_heartbeat_logged_at = now
+                log.warning("a worker heartbeat does not decode (%s): %s", exc.reason, exc.detail)
+            return None
+        return self._view(hb, now) if hb.partitions else None
 
     def _view(self, hb: WorkerHeartbeat, now: float) -> WorkerView:
         sent = self._sent[hb.worker_id]
@@ -322,8 +319,23 @@ class BatcherService:
         return WorkerView.of(hb, sum(n for n, _ in since), sum(tok for _, tok in since))
 
     async def _dispatch(self, workers: list[WorkerView]) -> None:
-        """Take what the workers have room for and send one batch per target partition."""
+        """Take what the workers have room for and send one batch per target partition.
+        A batch Kafka did not take goes back to the queue, to be sent again."""
+        if not self.kafka.open():
+            return
         decided = time.time()
+        items = self._take(workers)
+        if not items:
+            return
+        try:
+            num_parts = len(await self.producer.partitions_for(self.names.batches))
+        except KafkaError as exc:
+            self._send_failed(items, exc)
+            return
+        sent = await self._send(self._route(items, workers, num_parts))
+        self._record(sent, decided)
+
+    def _take(self, workers: list[WorkerView]) -> list[Queued[Pending]]:
         room = sum(max(0, w.free_slots) for w in workers) if workers else self.policy.max_requests
         # Bulk fills spare capacity only: it leaves `interactive_reserve` slots per worker
         # free, so a chat request never waits behind a bulk backlog for a slot.
@@ -333,10 +345,13 @@ class BatcherService:
         log.debug(
             "dispatch %d of %d queued (room %s)", len(items), len(self.queue) + len(items), room
         )
-        if not items:
-            return
-        groups: dict[int, list[Pending]] = defaultdict(list)
-        num_parts = len(await self.producer.partitions_for(self.names.batches))
+        return items
+
+    def _route(
+        self, items: list[Queued[Pending]], workers: list[WorkerView], num_parts: int
+    ) -> dict[int, list[Queued[Pending]]]:
+        """The target partition of each request (its worker's, or by hash if none)."""
+        groups: dict[int, list[Queued[Pending]]] = defaultdict(list)
         now = time.time()
         for q in items:
             target = None
@@ -346,17 +361,62 @@ class BatcherService:
                 target = self.router.route(hashes, workers)
                 target.free_slots -= 1
                 target.free_tokens -= q.cost
+                # Counted as sent even if the send fails and it is queued again: the
+                # view is then conservative for a few seconds, never over-full.
                 self._sent[target.worker_id].append((now, 1, q.cost))
-            groups[partition_for(target, q.item.request.request_id, num_parts)].append(q.item)
+            groups[partition_for(target, q.item.request.request_id, num_parts)].append(q)
+        return groups
+
+    async def _send(self, groups: dict[int, list[Queued[Pending]]]) -> list[Queued[Pending]]:
+        """Send each group as a batch; returns the requests Kafka acknowledged."""
+        chunks = list(groups.items())
         acks = []
-        for part, group in groups.items():
-            batch = Batch(batcher_id=self.settings.batcher_id, requests=[p.request for p in group])
-            acks.append(await self.producer.send(self.names.batches, encode(batch), partition=part))
-            self.batch_sizes.append(len(group))
-            self.metrics.batch_size.observe(len(group))
-        await asyncio.gather(*acks)
+        for i, (part, chunk) in enumerate(chunks):
+            batch = Batch(
+                batcher_id=self.settings.batcher_id, requests=[q.item.request for q in chunk]
+            )
+            try:
+                ack = await self.producer.send(self.names.batches, encode(batch), partition=part)
+            except KafkaError as exc:
+                self._send_failed([q for _, rest in chunks[i:] for q in rest], exc)
+                break  # Kafka is away: what is left is queued again
+            acks.append((chunk, ack))
+        sent: list[Queued[Pending]] = []
+        for chunk, ack in acks:
+            try:
+                await self._acked(ack)
+            except KafkaError as exc:
+                self._send_failed(chunk, exc)
+                continue
+            self.kafka.answered()
+            sent += chunk
+            self.batch_sizes.append(len(chunk))
+            self.metrics.batch_size.observe(len(chunk))
+        return sent
+
+    async def _acked(self, ack: asyncio.Future[Any]) -> None:
+        """Wait for a batch's acknowledgement. The idempotent producer retries a batch until
+        Kafka takes it, however long Kafka is away, so this waits as long (a batch never
+        goes out twice that way); past the request timeout it reports an outage."""
+        timeout_s = self.settings.kafka_request_timeout_ms / 1000
+        while not (await asyncio.wait({ack}, timeout=timeout_s))[0]:
+            self.kafka.failed(KafkaTimeoutError("a batch unacknowledged past the timeout"))
+        ack.result()
+
+    def _send_failed(self, items: list[Queued[Pending]], exc: KafkaError) -> None:
+        """Requests whose batch Kafka did not take go back to the queue (those of
+        partitions still ours: the others are read again by their new owner)."""
+        first = items[0].item.request.request_id if items else None
+        note_kafka_error(self.metrics.kafka_errors, "batch", exc, first)
+        self.kafka.failed(exc)
+        mine = self.consumer.assignment()
+        back = [q for q in items if q.item.tp in mine]
+        self.queue.requeue(back)
+        self.metrics.requeued.inc(len(back))
+
+    def _record(self, sent: list[Queued[Pending]], decided: float) -> None:
         done = time.time()
-        for q in items:
+        for q in sent:
             self._unacked[q.item.tp].discard(q.item.offset)
             self.window_waits_ms.append((decided - q.enqueued_at) * 1000)
             self.handoff_ms.append((done - decided) * 1000)
@@ -365,22 +425,29 @@ class BatcherService:
             self.metrics.requests.labels(priority=q.item.request.priority.value).inc()
 
     async def _commit(self) -> None:
-        """Commit, per partition, up to the first record not yet safely handed off."""
+        """Commit, per partition, up to the first record not yet safely handed off. A
+        commit failed by a rebalance or a broker away is tried again next tick (or left to
+        the partition's next owner)."""
         offsets = {
             tp: min(self._unacked[tp]) if self._unacked.get(tp) else nxt
             for tp, nxt in self._consumed.items()
         }
         changed = {tp: o for tp, o in offsets.items() if self._committed.get(tp) != o}
-        if changed:
+        if not changed:
+            return
+        try:
             await self.consumer.commit(changed)
-            self._committed.update(changed)
+        except KafkaError as exc:
+            note_kafka_error(self.metrics.kafka_errors, "commit", exc)
+            return
+        self._committed.update(changed)
 
     async def release(self, revoked: set[TopicPartition]) -> None:
         """Partitions are moving to another batcher: commit what is handed off and drop
         the rest of their queue (the new owner reads it again from the commit point)."""
-        with contextlib.suppress(Exception):
-            await self._commit()
+        await self._commit()
         self.queue.remove_if(lambda q: q.item.tp in revoked)
+        self.rejects.drop(revoked)
         for tp in revoked:
             self._unacked.pop(tp, None)
             self._consumed.pop(tp, None)
@@ -389,16 +456,14 @@ class BatcherService:
     # --- backpressure -------------------------------------------------------------------
     def _apply_backpressure(self) -> None:
         s = self.settings
-        over = len(self.queue) >= s.max_queued_requests or self.queue.tokens >= s.max_queued_tokens
-        under = (
-            len(self.queue) <= s.max_queued_requests // 2
-            and self.queue.tokens <= s.max_queued_tokens // 2
-        )
+        held = len(self.queue) + len(self.rejects)
+        over = held >= s.max_queued_requests or self.queue.tokens >= s.max_queued_tokens
+        under = held <= s.max_queued_requests // 2 and self.queue.tokens <= s.max_queued_tokens // 2
         parts = list(self.consumer.assignment())
         if over and not self._paused:
             self.consumer.pause(*parts)
             self._paused = True
-            log.info("queue full (%d requests): paused consumption", len(self.queue))
+            log.info("queue full (%d requests): paused consumption", held)
         elif self._paused and under:
             self.consumer.resume(*parts)
             self._paused = False
@@ -408,6 +473,27 @@ class BatcherService:
         if now - self._status_at < 0.25:
             return
         self._status_at = now
+        self._update_gauges(now)
+        status = BatcherStatus(
+            batcher_id=self.settings.batcher_id,
+            queued_requests=len(self.queue),
+            queued_tokens=self.queue.tokens,
+            paused=self._paused,
+        )
+        bid = self.settings.batcher_id
+        index, key = self.names.batchers_index, self.names.batcher_status(bid)
+
+        async def advertise(client: aioredis.Redis) -> None:
+            pipe = client.pipeline(transaction=False)
+            registry.advertise(pipe, index, bid, key, encode(status), 3.0)
+            await pipe.execute()
+
+        try:
+            await self.redis.call(advertise)
+        except RedisAway:
+            pass  # the status key expires: edges see no queue figure while Redis is away
+
+    def _update_gauges(self, now: float) -> None:
         m = self.metrics
         m.queue_depth.set(len(self.queue))
         m.queue_tokens.set(self.queue.tokens)
@@ -421,17 +507,6 @@ class BatcherService:
                 for tp, nxt in self._consumed.items()
             )
         )
-        status = BatcherStatus(
-            batcher_id=self.settings.batcher_id,
-            queued_requests=len(self.queue),
-            queued_tokens=self.queue.tokens,
-            paused=self._paused,
-        )
-        bid = self.settings.batcher_id
-        pipe = self.redis.pipeline(transaction=False)
-        key = self.names.batcher_status(bid)
-        registry.advertise(pipe, self.names.batchers_index, bid, key, encode(status), 3.0)
-        await pipe.execute()
 
 
 def _saturation(workers: list[WorkerView]) -> float:

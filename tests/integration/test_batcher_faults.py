@@ -1,0 +1,225 @@
+"""The batcher rides out its dependencies: Redis restarted, Kafka stopped past the
+producer's timeout. It never exits, keeps what it has queued, and dispatches every request
+once they are back. Workers are stood in for by heartbeats written into Redis, the
+batcher's only view of them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+import redis.exceptions
+from aiokafka import AIOKafkaConsumer
+
+from shared import registry, token_stream
+from shared.codec import decode, encode
+from shared.messages import Batch, BatcherStatus, GenerateRequest, SamplingParams, WorkerHeartbeat
+from shared.names import Names
+from tests.conftest import new_prefix
+from tests.integration.harness import Stack, make_stack, produce
+from tests.integration.servers import Server
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+REDIS_UP = 'tw_batcher_dependency_up{dependency="redis"}'
+REDIS_OUTAGES = 'tw_batcher_dependency_outages_total{dependency="redis"}'
+
+
+def requests(n: int, tag: str, **kw: object) -> list[GenerateRequest]:
+    return [
+        GenerateRequest(
+            prompt=f"{tag} {i}: the function returns", sampling=SamplingParams(max_tokens=4), **kw
+        )
+        for i in range(n)
+    ]
+
+
+class FakeWorker:
+    """A worker's heartbeat, refreshed in Redis every 0.2 s (and again as soon as Redis
+    answers after an outage): what the batcher routes on."""
+
+    def __init__(self, redis_url: str, names: Names, partitions: list[int], free_slots: int):
+        self.client = aioredis.Redis.from_url(redis_url, socket_connect_timeout=0.5)
+        self.names = names
+        self.partitions = partitions
+        self.free_slots = free_slots
+        self.worker_id = f"{names.prefix}-fake"
+
+    async def beat(self) -> None:
+        hb = WorkerHeartbeat(
+            worker_id=self.worker_id,
+            partitions=self.partitions,
+            free_slots=self.free_slots,
+            free_kv_tokens=1_000_000,
+        )
+        pipe = self.client.pipeline(transaction=False)
+        key = self.names.heartbeat(self.worker_id)
+        registry.advertise(pipe, self.names.workers_index, self.worker_id, key, encode(hb), 3.0)
+        await pipe.execute()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.beat()
+            except (redis.exceptions.ConnectionError, OSError):
+                pass  # the test stopped Redis: beat again once it is back
+            await asyncio.sleep(0.2)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[FakeWorker]:
+        task = asyncio.create_task(self._run())
+        try:
+            yield self
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await self.client.aclose()
+
+
+async def new_stack(infra: dict[str, str], model_dir: str, tag: str) -> Stack:
+    ARTIFACTS.mkdir(exist_ok=True)
+    stk = make_stack(new_prefix(tag), infra, model_dir, ARTIFACTS)
+    await stk.create_topics(partitions=2)
+    return stk
+
+
+async def read_batches(
+    stk: Stack, want: set[str], within_s: float
+) -> list[tuple[int, Batch, int]]:
+    """(partition, batch, encoded size) of each batch on the topic, until the batches hold
+    every request id in ``want`` or time runs out."""
+    consumer = AIOKafkaConsumer(
+        stk.names.batches,
+        bootstrap_servers=stk.env["TW_KAFKA_BOOTSTRAP"],
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+    )
+    await consumer.start()
+    out: list[tuple[int, Batch, int]] = []
+    seen: set[str] = set()
+    try:
+        deadline = time.monotonic() + within_s
+        while not want <= seen and time.monotonic() < deadline:
+            for tp, msgs in (await consumer.getmany(timeout_ms=300)).items():
+                for m in msgs:
+                    batch = decode(Batch, m.value)
+                    out.append((tp.partition, batch, len(m.value)))
+                    seen |= {r.request_id for r in batch.requests}
+    finally:
+        await consumer.stop()
+    return out
+
+
+def dispatch_counts(batches: list[tuple[int, Batch, int]]) -> Counter[str]:
+    return Counter(r.request_id for _, b, _ in batches for r in b.requests)
+
+
+async def metric(stk: Stack, name: str) -> float:
+    """One sample of the batcher's /metrics (``name`` with its labels, if any)."""
+    url = f"http://127.0.0.1:{stk.metrics_ports['batcher']}/metrics"
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(url)).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in the batcher's metrics")
+
+
+async def wait_metric(stk: Stack, name: str, value: float, within_s: float = 10) -> None:
+    deadline = time.monotonic() + within_s
+    while (seen := await metric(stk, name)) != value:
+        stk.check_alive()
+        assert time.monotonic() < deadline, f"{name} is {seen}, not {value}:\n{stk.logs()}"
+        await asyncio.sleep(0.1)
+
+
+async def wait_queued(stk: Stack, n: int, within_s: float = 30) -> None:
+    """Until the batcher's status in Redis shows ``n`` requests queued."""
+    client = aioredis.Redis.from_url(stk.env["TW_REDIS_URL"])
+    try:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            stk.check_alive()
+            index, key_of = stk.names.batchers_index, stk.names.batcher_status
+            raw = await registry.read_live(client, index, key_of, 3.0)
+            if any(decode(BatcherStatus, v).queued_requests >= n for v in raw):
+                return
+            await asyncio.sleep(0.1)
+    finally:
+        await client.aclose()
+    raise TimeoutError(f"the batcher did not queue {n} requests:\n{stk.logs()}")
+
+
+async def test_redis_restart_keeps_the_queue_and_every_request_is_dispatched_once(
+    infra: dict[str, str], model_dir: str, own_redis: Server
+) -> None:
+    stk = await new_stack({**infra, "TW_REDIS_URL": own_redis.url}, model_dir, "bf-redis")
+    boot = stk.env["TW_KAFKA_BOOTSTRAP"]
+    before, during = requests(10, "before"), requests(10, "during")
+    late = GenerateRequest(prompt="late", deadline=time.time() - 1)
+    fake = FakeWorker(own_redis.url, stk.names, partitions=[1], free_slots=1000)
+    try:
+        async with fake.running():
+            stk.start("batcher")
+            await stk.wait_ready(workers=1)
+            await produce(boot, stk.names.requests, [encode(r) for r in before])
+            first = await read_batches(stk, {r.request_id for r in before}, 30)
+            assert {p for p, _, _ in first} == {1}  # routed on the worker's heartbeat
+            own_redis.stop()
+            await wait_metric(stk, REDIS_UP, 0)  # the batcher has seen Redis go
+            down_at = time.time()
+            await produce(boot, stk.names.requests, [encode(r) for r in [*during, late]])
+            await asyncio.sleep(3)
+            stk.check_alive()
+            own_redis.start()
+            up_at = time.time()
+            await wait_metric(stk, REDIS_UP, 1)
+            batches = await read_batches(stk, {r.request_id for r in before + during}, 30)
+            stk.check_alive()
+            assert await metric(stk, REDIS_OUTAGES) == 1
+    finally:
+        stk.stop_all()
+    counts = dispatch_counts(batches)
+    assert all(counts[r.request_id] == 1 for r in before + during), counts
+    # Nothing went out while the batcher could not see the workers.
+    assert not [b for _, b, _ in batches if down_at < b.created_at < up_at]
+    # The expired request's error event, held while Redis was away, was published after.
+    client = aioredis.Redis.from_url(own_redis.url)
+    try:
+        events = await token_stream.read_log(client, stk.names, late.request_id)
+    finally:
+        await client.aclose()
+    assert [e.error.code for e in events if e.error] == ["deadline_exceeded"]
+
+
+async def test_kafka_stopped_past_the_producer_timeout_loses_nothing(
+    infra: dict[str, str], model_dir: str, own_kafka: Server
+) -> None:
+    stk = await new_stack({**infra, "TW_KAFKA_BOOTSTRAP": own_kafka.url}, model_dir, "bf-kafka")
+    reqs = requests(20, "queued")
+    fake = FakeWorker(stk.env["TW_REDIS_URL"], stk.names, partitions=[0, 1], free_slots=0)
+    try:
+        async with fake.running():
+            stk.start("batcher", TW_KAFKA_REQUEST_TIMEOUT_MS="5000")
+            await stk.wait_ready(workers=1)
+            await produce(own_kafka.url, stk.names.requests, [encode(r) for r in reqs])
+            await wait_queued(stk, len(reqs))  # the worker is full: they wait in the batcher
+            own_kafka.stop()
+            fake.free_slots = 1000  # room now: the batch sends time out (5 s), then retry
+            await asyncio.sleep(8)
+            stk.check_alive()
+            own_kafka.start()
+            batches = await read_batches(stk, {r.request_id for r in reqs}, 40)
+            stk.check_alive()
+    finally:
+        stk.stop_all()
+    counts = dispatch_counts(batches)
+    assert all(counts[r.request_id] >= 1 for r in reqs), (counts, stk.logs())
