@@ -4,8 +4,8 @@
 #   infra/stack.sh up | down | status
 #
 # Each service runs under a supervisor (`infra/stack.sh supervise NAME`, started by `up`)
-# that restarts it whenever it exits, until `down`: a service exits only on SIGTERM or a
-# bug (docs: ARCHITECTURE.md, "Failure model"), and a bug must not end the stack. The delay
+# that restarts it whenever it exits, until `down`: a service is meant to exit only on
+# SIGTERM or a bug, and neither must end the stack for good. The delay
 # before a restart starts at TW_RESTART_MIN_S (1 s) and doubles up to TW_RESTART_MAX_S
 # (30 s), so a service that cannot start does not spin; a run that lasted TW_RESTART_RESET_S
 # (60 s) starts it over. Each restart is one JSON line (logger "supervisor") in the
@@ -54,11 +54,13 @@ model_dir() {
 # (PID 1, which can be slow in containers), so it counts as alive only if it is not one.
 alive_pid() { local st; st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) && [ "$st" != Z ]; }
 
-# The pid of a running service, from its pid file.
+# The pid of a running service, from its pid file: trusted only while that process is
+# `tokenwire NAME` (after a reboot the pid may be anyone's, and would be adopted or killed).
 service_pid() {
   local pid
   pid=$(cat "$PIDS/$1.pid" 2>/dev/null) || return 1
   [[ "$pid" =~ ^[0-9]+$ ]] && alive_pid "$pid" || return 1
+  [ "$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | tail -n 1)" = "$1" ] || return 1
   echo "$pid"
 }
 alive() { service_pid "$1" >/dev/null; }

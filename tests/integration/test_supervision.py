@@ -144,7 +144,7 @@ def test_a_killed_service_is_restarted_and_down_leaves_nothing(own_stack: OwnSta
             "appendfsync": "everysec",
             "maxmemory-policy": "noeviction",
         }
-        assert r.config_get("maxmemory")["maxmemory"] == str(256 * 1024 * 1024)
+        assert r.config_get("maxmemory")["maxmemory"] == str(1024**3)
     finally:
         r.close()
 

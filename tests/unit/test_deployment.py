@@ -113,7 +113,7 @@ def test_test_redis_is_capped_without_persistence() -> None:
     conf = _redis_config(TW_STACK="test")
     assert conf["appendonly"] == "no"
     assert "appendfsync" not in conf
-    assert conf["maxmemory"] == "256mb"
+    assert conf["maxmemory"] == "1gb"
     assert conf["maxmemory-policy"] == "noeviction"
     conf = _redis_config(TW_STACK="test", TW_REDIS_PERSIST="aof", TW_REDIS_MAXMEMORY="64mb")
     assert (conf["appendonly"], conf["appendfsync"], conf["maxmemory"]) == (
@@ -314,18 +314,33 @@ def test_down_stops_the_supervisor_before_the_service(tmp_path: Path) -> None:
 
 
 def test_supervisor_adopts_a_service_it_did_not_start(tmp_path: Path) -> None:
-    orphan = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    # A process whose last argument is the service's name, as `tokenwire batcher` has;
+    # "; :" keeps bash from exec-ing sleep in its place.
+    orphan = subprocess.Popen(
+        ["bash", "-c", "sleep 30; :", "bash", "batcher"], start_new_session=True
+    )
     try:
         (tmp_path / "run" / "pids").mkdir(parents=True)
         (tmp_path / "run" / "pids" / "batcher.pid").write_text(f"{orphan.pid}\n")
         with _supervisor(tmp_path, FAKE_RUN_S="30") as sup:
             sup.wait_for(lambda: "already running" in sup.log.read_text())
             assert sup.starts() == 0
-            orphan.kill()
+            os.killpg(orphan.pid, signal.SIGKILL)
             orphan.wait()
             sup.wait_for(lambda: sup.starts() == 1)
             (restart,) = sup.restarts()
             assert restart["exit_code"] is None
     finally:
-        orphan.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(orphan.pid, signal.SIGKILL)
         orphan.wait()
+
+
+def test_a_stale_pid_file_naming_another_process_is_ignored(tmp_path: Path) -> None:
+    # After a reboot a pid file may name an unrelated process: neither adopted nor killed.
+    (tmp_path / "run" / "pids").mkdir(parents=True)
+    (tmp_path / "run" / "pids" / "batcher.pid").write_text(f"{os.getpid()}\n")
+    with _supervisor(tmp_path, FAKE_RUN_S="30") as sup:
+        sup.wait_for(lambda: sup.starts() == 1)
+        assert "already running" not in sup.log.read_text()
+        assert sup.pid("") != os.getpid()
