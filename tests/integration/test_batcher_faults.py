@@ -20,10 +20,17 @@ from aiokafka import AIOKafkaConsumer
 
 from shared import registry, token_stream
 from shared.codec import decode, encode
-from shared.messages import Batch, BatcherStatus, GenerateRequest, SamplingParams, WorkerHeartbeat
+from shared.messages import (
+    Batch,
+    BatcherStatus,
+    DeadLetter,
+    GenerateRequest,
+    SamplingParams,
+    WorkerHeartbeat,
+)
 from shared.names import Names
 from tests.conftest import new_prefix
-from tests.integration.harness import Stack, make_stack, produce
+from tests.integration.harness import Stack, make_stack, produce, read_topic
 from tests.integration.servers import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -133,6 +140,27 @@ async def metric(stk: Stack, name: str) -> float:
     raise AssertionError(f"{name} not in the batcher's metrics")
 
 
+async def read_dead_letters(stk: Stack, n: int, within_s: float) -> list[DeadLetter]:
+    boot = stk.env["TW_KAFKA_BOOTSTRAP"]
+    raw = await read_topic(boot, stk.names.requests_dlq, lambda vs: len(vs) >= n, within_s)
+    return [decode(DeadLetter, v) for v in raw]
+
+
+async def wait_error_events(stk: Stack, reqs: list[GenerateRequest], within_s: float) -> None:
+    """Until each request's replay log ends with an error event."""
+    client = aioredis.Redis.from_url(stk.env["TW_REDIS_URL"])
+    try:
+        deadline = time.monotonic() + within_s
+        for r in reqs:
+            while not [
+                e for e in await token_stream.read_log(client, stk.names, r.request_id) if e.error
+            ]:
+                assert time.monotonic() < deadline, f"no error event for {r.request_id}"
+                await asyncio.sleep(0.1)
+    finally:
+        await client.aclose()
+
+
 async def wait_metric(stk: Stack, name: str, value: float, within_s: float = 10) -> None:
     deadline = time.monotonic() + within_s
     while (seen := await metric(stk, name)) != value:
@@ -203,6 +231,10 @@ async def test_redis_restart_keeps_the_queue_and_every_request_is_dispatched_onc
 async def test_kafka_stopped_past_the_producer_timeout_loses_nothing(
     infra: dict[str, str], model_dir: str, own_kafka: Server
 ) -> None:
+    """Requests wait in the batcher (the worker is full) when Kafka stops. Some expire
+    during the outage: more dead letters than one producer batch holds, so a send times
+    out (5 s). Then the worker has room. Once Kafka is back every request is dispatched,
+    every expired one has its dead letter and error event, and the batcher never exited."""
     stk = await new_stack({**infra, "TW_KAFKA_BOOTSTRAP": own_kafka.url}, model_dir, "bf-kafka")
     reqs = requests(20, "queued")
     fake = FakeWorker(stk.env["TW_REDIS_URL"], stk.names, partitions=[0, 1], free_slots=0)
@@ -211,15 +243,27 @@ async def test_kafka_stopped_past_the_producer_timeout_loses_nothing(
             stk.start("batcher", TW_KAFKA_REQUEST_TIMEOUT_MS="5000")
             await stk.wait_ready(workers=1)
             await produce(own_kafka.url, stk.names.requests, [encode(r) for r in reqs])
-            await wait_queued(stk, len(reqs))  # the worker is full: they wait in the batcher
+            await wait_queued(stk, len(reqs))
+            deadline = time.time() + 5
+            expiring = requests(40, "x" * 1000, deadline=deadline)
+            await produce(own_kafka.url, stk.names.requests, [encode(r) for r in expiring])
+            await wait_queued(stk, len(reqs) + len(expiring))
             own_kafka.stop()
-            fake.free_slots = 1000  # room now: the batch sends time out (5 s), then retry
-            await asyncio.sleep(8)
+            assert time.time() < deadline, "Kafka took too long to stop for this test"
+            await asyncio.sleep(deadline + 5 + 2 - time.time())  # expired, and a send timed out
+            fake.free_slots = 1000
+            await asyncio.sleep(1)
             stk.check_alive()
             own_kafka.start()
             batches = await read_batches(stk, {r.request_id for r in reqs}, 40)
+            letters = await read_dead_letters(stk, len(expiring), 30)
+            await wait_error_events(stk, expiring, 10)
             stk.check_alive()
+            timeouts = 'tw_batcher_kafka_errors_total{error="KafkaTimeoutError",op="dead_letter"}'
+            assert await metric(stk, timeouts) >= 1
     finally:
         stk.stop_all()
     counts = dispatch_counts(batches)
     assert all(counts[r.request_id] >= 1 for r in reqs), (counts, stk.logs())
+    assert {r.request_id for r in expiring} <= {dl.request_id for dl in letters}
+    assert {dl.reason for dl in letters} == {"deadline_exceeded"}
