@@ -14,7 +14,16 @@ from shared.settings import CommonSettings
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# One limit for every message on the bus, set everywhere from here: the broker's
+# message.max.bytes (infra/kafka.sh reads this line, so it stays a plain product), each
+# topic's max.message.bytes (ensure_topics), the producers' request size and the
+# consumers' fetch sizes. 4 MiB holds the largest prompt the schema admits (4,000,000
+# characters) in ASCII with the rest of its request around it.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# What Kafka adds around a value (batch and record headers, a short key): a value of at
+# most MAX_VALUE_BYTES always fits in one message.
+RECORD_OVERHEAD_BYTES = 4096
+MAX_VALUE_BYTES = MAX_MESSAGE_BYTES - RECORD_OVERHEAD_BYTES
 
 
 def make_producer(
@@ -66,6 +75,7 @@ async def ensure_topics(
     settings: CommonSettings, partitions: Mapping[str, int], *, retries: int = 30
 ) -> list[str]:
     """Create the given topics (name → partition count) if missing; returns those created.
+    Each takes messages up to MAX_MESSAGE_BYTES, whatever the broker's default.
 
     Retries while the broker is still starting, so it can run right after the broker's
     port opens."""
@@ -82,7 +92,12 @@ async def ensure_topics(
     try:
         existing = set(await admin.list_topics())
         missing = [
-            NewTopic(name=t, num_partitions=n, replication_factor=1)
+            NewTopic(
+                name=t,
+                num_partitions=n,
+                replication_factor=1,
+                topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)},
+            )
             for t, n in partitions.items()
             if t not in existing
         ]
