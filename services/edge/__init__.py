@@ -25,7 +25,8 @@ mandatory) → 400 for bad parameters (unknown model, max_tokens, prompt longer 
 context, counted with the model's tokenizer: ``model_info.py``) → 503 while the batchers'
 queues exceed ``TW_MAX_QUEUED_REQUESTS`` (``load.py``) → 429 from per-key token buckets
 (``ratelimit.py``) → the owner recorded, the stream subscribed and the request published
-to Kafka, all at once. Bodies over
+to Kafka, all at once. While Redis or Kafka is away new requests get 503 with
+``Retry-After`` (``health.py``) and running streams wait it out. Bodies over
 ``TW_MAX_BODY_BYTES`` get 413 (``middleware.py``). Errors are OpenAI error JSON.
 
 ``python -m services.edge.bench`` measures relay throughput and added latency.

@@ -9,14 +9,21 @@ broadcast repeats (covering a pick-up racing the marker) until the final event a
 from __future__ import annotations
 
 import asyncio
+import logging
 
-from services.edge.relay import Event, EventStream
+from services.edge.relay import Event
+from services.edge.retry import REDIS_DOWN, backoff
 from services.edge.state import EdgeState
 from shared import token_stream
 from shared.codec import encode
 from shared.messages import CancelRequest
 
+log = logging.getLogger(__name__)
+
 RESEND_S = 0.5
+# How long a cancel that Redis is away for keeps trying. Past it, a request nobody follows
+# has been cancelled by its worker (``reply.unfollowed_grace_s``) unless it is resumable.
+RETRY_FOR_S = 60.0
 
 
 async def owner_of(st: EdgeState, request_id: str) -> str | None:
@@ -29,8 +36,12 @@ async def owner_of(st: EdgeState, request_id: str) -> str | None:
 async def cancel_request(st: EdgeState, request_id: str, tenant: str, source: str) -> Event | None:
     """Cancel and wait for the request's final event (returned; ``None`` on timeout)."""
     st.metrics.cancels.labels(source).inc()
+    return await _cancel(st, request_id, tenant)
+
+
+async def _cancel(st: EdgeState, request_id: str, tenant: str) -> Event | None:
     tail = await token_stream.last_published_seq(st.redis, st.names, request_id)
-    stream = EventStream(st.hub, st.redis, st.names, request_id, after_seq=tail)
+    stream = st.event_stream(request_id, after_seq=tail)
     msg = encode(CancelRequest(request_id=request_id, tenant=tenant))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + st.settings.cancel_wait_s
@@ -50,3 +61,26 @@ async def cancel_request(st: EdgeState, request_id: str, tenant: str, source: st
                 if stream.final_event is not None:
                     return stream.final_event
     return None
+
+
+async def cancel_in_background(st: EdgeState, request_id: str, tenant: str, source: str) -> None:
+    """``cancel_request`` for a request whose client is gone (run with ``st.spawn``):
+    while Redis is away it tries again with capped backoff, for up to ``RETRY_FOR_S``."""
+    st.metrics.cancels.labels(source).inc()
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + RETRY_FOR_S
+    failures = 0
+    while True:
+        try:
+            await _cancel(st, request_id, tenant)
+            return
+        except REDIS_DOWN as exc:
+            st.metrics.redis_retries.labels("cancel").inc()
+            pause = backoff(failures, cap_s=5.0)
+            failures += 1
+            if loop.time() + pause > give_up_at:
+                log.warning(
+                    "cancel abandoned, Redis away: %r", exc, extra={"request_id": request_id}
+                )
+                return
+            await asyncio.sleep(pause)

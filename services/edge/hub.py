@@ -19,6 +19,7 @@ import logging
 from collections import deque
 from typing import Final
 
+from services.edge.retry import backoff
 from shared.resp import RedisReplyError, RespParser, command, connect
 
 log = logging.getLogger(__name__)
@@ -170,15 +171,19 @@ class Hub:
             reader = await self._reconnect()
 
     async def _reconnect(self) -> asyncio.StreamReader:
-        delay = 0.05
+        failures = 0
         while True:
             try:
                 reader = await self._connect()
                 break
             except (OSError, TimeoutError, RedisReplyError) as exc:
-                log.warning("pub/sub reconnect failed: %s", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                # Once per outage: the edge's Redis probe reports the outage itself.
+                level = logging.WARNING if failures == 0 else logging.DEBUG
+                log.log(level, "pub/sub reconnect failed, retrying: %r", exc)
+                await asyncio.sleep(backoff(failures))
+                failures += 1
+        if failures:
+            log.info("pub/sub reconnected after %d failed tries", failures)
         self.reconnects += 1
         self._acks.clear()
         for channel in self._sinks:

@@ -12,7 +12,9 @@ import logging
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
+from services.edge.retry import REDIS_DOWN
 from shared import registry
 from shared.codec import DecodeError, decode
 from shared.messages import BatcherStatus
@@ -69,6 +71,8 @@ class LoadWatcher:
         while True:
             try:
                 await self.refresh()
-            except Exception as exc:  # Redis hiccup: keep the last reading, try again
-                log.warning("cannot read batcher status: %s", exc)
+            except REDIS_DOWN as exc:  # keep the last reading; the Redis probe logs outages
+                log.debug("cannot read batcher status: %r", exc)
+            except RedisError as exc:
+                log.warning("cannot read batcher status: %r", exc)
             await asyncio.sleep(self._refresh_s)

@@ -36,6 +36,15 @@ class EdgeMetrics:
         self.pubsub_reconnects = Gauge(
             "tw_edge_pubsub_reconnects", "reconnects of the shared subscriber", registry=r
         )
+        self.redis_up = Gauge(
+            "tw_edge_redis_up", "1 while Redis answers this edge's probe, else 0", registry=r
+        )
+        self.redis_retries = Counter(
+            "tw_edge_redis_retries",
+            "Redis calls tried again because Redis was away",
+            ["call"],
+            registry=r,
+        )
         self.tracked = Gauge(
             "tw_edge_tracked_entries",
             "entries of the edge's per-request maps (they follow the open streams)",

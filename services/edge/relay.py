@@ -4,19 +4,27 @@ Live events come from the process's shared subscriber (``Hub``); whatever was pu
 before the subscription, or lost in a reconnect, comes from the replay log. Events are
 handed on as ``orjson``-decoded dicts: they come from our own workers, and building a
 pydantic model per token would cost more than the rest of the relay.
+
+A stream outlives a Redis outage: while the log cannot be read it stays behind, tries
+again with capped backoff, and the relay keeps its client with keep-alives meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
 
 from services.edge.hub import RESYNC, Hub, Mailbox
+from services.edge.retry import REDIS_DOWN, backoff
 from shared import token_stream
 from shared.names import Names
+
+log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
 
@@ -26,7 +34,14 @@ class EventStream:
     duplicates. Use as ``async with``; ``next()`` returns the next events in order."""
 
     def __init__(
-        self, hub: Hub, redis: aioredis.Redis, names: Names, request_id: str, *, after_seq: int
+        self,
+        hub: Hub,
+        redis: aioredis.Redis,
+        names: Names,
+        request_id: str,
+        *,
+        after_seq: int,
+        on_retry: Callable[[], None] | None = None,
     ) -> None:
         self.request_id = request_id
         self.next_seq = after_seq + 1
@@ -39,12 +54,20 @@ class EventStream:
         self._box = Mailbox()
         self._ready: list[Event] = []
         self._subscribed = False
+        self._behind = False  # the log holds events not yet taken (a gap, a reconnect)
+        self._failures = 0  # consecutive failed log reads
+        self._on_retry = on_retry
 
     async def open(self) -> EventStream:
-        """Subscribe; then read what the log already holds."""
+        """Subscribe; then read what the log already holds. Raises if Redis is away
+        (``REDIS_DOWN``): a stream not yet open has no client to keep waiting."""
         await self._hub.subscribe(self._channel, self._box)
         self._subscribed = True
-        await self._replay(include_last_seen=True)
+        try:
+            await self._replay(include_last_seen=True)
+        except BaseException:
+            self.close()  # ``async with`` does not exit what failed to enter
+            raise
         return self
 
     def close(self) -> None:
@@ -67,35 +90,57 @@ class EventStream:
         if self.finished:
             return []
         deadline = asyncio.get_running_loop().time() + wait_s
+        if self._behind:
+            out = await self._catch_up(deadline)
+            if out or self._behind:
+                return out
         while await self._box.wait(deadline):
-            out = await self._accept(self._box.take())
+            out = await self._accept(self._box.take(), deadline)
             if out:
                 return out
         return []
 
-    async def _accept(self, raws: list[bytes]) -> list[Event]:
+    async def _accept(self, raws: list[bytes], deadline: float) -> list[Event]:
         """Keep the contiguous new events of ``raws``; fill gaps from the log."""
         out: list[Event] = []
         for raw in raws:
-            if raw == RESYNC:
-                await self._replay()
-                out += self._ready
-                self._ready = []
-                continue
-            ev = orjson.loads(raw)
-            seq = ev["seq"]
-            if seq != self.next_seq:
-                if seq > self.next_seq and not self.finished:
-                    # A gap: events went out before we subscribed, or while we were
-                    # reconnecting; the log has them (it is written before publishing).
-                    await self._replay()
-                    out += self._ready
-                    self._ready = []
-                continue
-            if self.finished:
-                continue
-            self._take(ev, out)
+            if raw != RESYNC:
+                ev = orjson.loads(raw)
+                seq = ev["seq"]
+                if self.finished or seq < self.next_seq:
+                    continue
+                if seq == self.next_seq:
+                    self._take(ev, out)
+                    continue
+            if not self.finished:
+                # A gap (events went out before we subscribed) or a reconnect (RESYNC):
+                # the log has what was missed, since it is written before publishing.
+                self._behind = True
+                out += await self._catch_up(deadline)
         return out
+
+    async def _catch_up(self, deadline: float) -> list[Event]:
+        """The log's events from ``next_seq`` on. While Redis is away, tries again with
+        capped backoff until the loop time ``deadline`` (at least once), then returns
+        ``[]`` still behind: the next call goes on trying."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self._replay()
+            except REDIS_DOWN as exc:
+                pause = backoff(self._failures)
+                self._failures += 1
+                if self._on_retry is not None:
+                    self._on_retry()
+                log.debug("replay log unreadable: %r", exc, extra={"request_id": self.request_id})
+                if loop.time() + pause > deadline:
+                    return []
+                await asyncio.sleep(pause)
+                continue
+            self._behind = False
+            self._failures = 0
+            out, self._ready = self._ready, []
+            return out
 
     def _take(self, ev: Event, out: list[Event]) -> None:
         self.next_seq += 1

@@ -17,7 +17,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from services.edge.cancel import cancel_request
+from services.edge.cancel import cancel_in_background
 from services.edge.relay import Event, EventStream
 from services.edge.shapes import CLIENT_ERROR_CODES, Shape, error_of
 from services.edge.sse import DONE, KEEPALIVE, frame
@@ -59,7 +59,7 @@ class _Relay(Response):
             plan.st.metrics.streams.dec()
             if not completed and plan.cancel_on_disconnect and not plan.stream.finished:
                 plan.st.spawn(
-                    cancel_request(plan.st, plan.stream.request_id, plan.tenant, "disconnect")
+                    cancel_in_background(plan.st, plan.stream.request_id, plan.tenant, "disconnect")
                 )
 
     async def relay(self, send: Send) -> None:

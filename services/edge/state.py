@@ -16,11 +16,13 @@ from redis.backoff import ExponentialWithJitterBackoff
 
 from services.edge.auth import KeyStore, parse_key_list
 from services.edge.config import EdgeSettings
+from services.edge.health import RedisHealth
 from services.edge.hub import Hub
 from services.edge.load import LoadWatcher
 from services.edge.metrics import EdgeMetrics
 from services.edge.model_info import ModelInfo
 from services.edge.ratelimit import RateLimiter
+from services.edge.relay import EventStream
 from shared.kafka_io import make_producer
 from shared.names import Names
 
@@ -57,6 +59,7 @@ class EdgeState:
     load: LoadWatcher
     model: ModelInfo
     metrics: EdgeMetrics
+    health: RedisHealth
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @property
@@ -67,13 +70,14 @@ class EdgeState:
     def build(cls, settings: EdgeSettings, metrics: EdgeMetrics) -> EdgeState:
         redis = redis_client(settings)
         names = settings.names
+        hub = Hub(settings.redis_url, name=f"tw-edge:{names.prefix}:{os.getpid()}")
         return cls(
             settings=settings,
             redis=redis,
             # Each request is sent alone and waited for: lingering would only add latency
             # (the batcher does the batching).
             producer=make_producer(settings, client_id="edge", linger_ms=0),
-            hub=Hub(settings.redis_url, name=f"tw-edge:{names.prefix}:{os.getpid()}"),
+            hub=hub,
             keys=KeyStore(
                 redis,
                 names,
@@ -86,12 +90,14 @@ class EdgeState:
             load=LoadWatcher(redis, names, settings.load_refresh_s),
             model=ModelInfo.load(settings.model_dir),
             metrics=metrics,
+            health=RedisHealth(redis, lambda: hub.connected, metrics),
         )
 
     async def start(self) -> None:
         await self.producer.start()
         await self.hub.start()
         self.load.start()
+        self.health.start()
         if self.settings.auth == "off":
             log.warning("TW_AUTH=off: calls without an API key are served as tenant 'default'")
 
@@ -99,10 +105,23 @@ class EdgeState:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        await self.health.stop()
         await self.load.stop()
         await self.hub.stop()
         await self.producer.stop()
         await self.redis.aclose()
+
+    def event_stream(self, request_id: str, *, after_seq: int) -> EventStream:
+        """A stream of ``request_id``'s events after ``after_seq`` over this process's
+        hub (open it before use); its log reads retry, counted, while Redis is away."""
+        return EventStream(
+            self.hub,
+            self.redis,
+            self.names,
+            request_id,
+            after_seq=after_seq,
+            on_retry=self.metrics.redis_retries.labels("replay_log").inc,
+        )
 
     def tracked_sizes(self) -> dict[str, int]:
         """Sizes of everything this process keeps per request. Rate buckets, owners and

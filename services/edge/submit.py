@@ -1,9 +1,10 @@
 """Admission: from a validated OpenAI body to a request on the requests topic.
 
 Checks run cheapest first and each refusal carries its status: unknown model or a prompt
-that does not fit the context (400), batchers over their queue limit (503), the key's
-token buckets (429). Then the owner is recorded (resume and cancel are tenant-scoped) and
-the request is published, keyed by its id.
+that does not fit the context (400), Redis away (503 ``stream_unavailable``), batchers
+over their queue limit (503), the key's token buckets (429). Then the owner is recorded
+(resume and cancel are tenant-scoped) and the request is published, keyed by its id;
+Kafka away is a 503 ``queue_unavailable``.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from services.edge.auth import Principal
-from services.edge.cancel import cancel_request
+from services.edge.cancel import cancel_in_background
 from services.edge.errors import ApiError, bad_request, rate_limited, unavailable
 from services.edge.model_info import INLINE_TOKENIZE_CHARS, TemplateError
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
+from services.edge.retry import REDIS_DOWN
 from services.edge.shapes import new_request_id
 from services.edge.state import EdgeState
 from shared.codec import encode
@@ -42,8 +44,10 @@ async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) 
     if prompt_tokens == 0:
         raise bad_request("the prompt is empty", param="prompt")
     max_tokens = _max_tokens(st, body, prompt_tokens, chat)
+    st.health.check()
     _shed(st)
-    verdict = await st.limiter.take(who.key_id, prompt_tokens + max_tokens)
+    with st.health.guard("rate limit"):
+        verdict = await st.limiter.take(who.key_id, prompt_tokens + max_tokens)
     if not verdict.allowed:
         st.metrics.rejected.labels("rate_limit").inc()
         if verdict.never:
@@ -74,9 +78,9 @@ async def submit(st: EdgeState, req: GenerateRequest) -> EventStream:
     stream reads the replay log once subscribed, so an event published before the
     subscription took hold is not missed. If Kafka refuses the request, it exists nowhere;
     if Redis fails while Kafka takes it, the request could be neither followed nor
-    cancelled by its owner, so it is cancelled and the client told to retry."""
+    cancelled by its owner, so it is cancelled and the client told to retry (503)."""
     names = st.names
-    stream = EventStream(st.hub, st.redis, names, req.request_id, after_seq=-1)
+    stream = st.event_stream(req.request_id, after_seq=-1)
     owner = st.redis.set(names.owner(req.request_id), req.tenant, ex=st.settings.owner_ttl_s)
     send = st.producer.send_and_wait(names.requests, encode(req), key=req.request_id.encode())
     # All run to the end, so a failure of one never leaves another half done.
@@ -85,23 +89,29 @@ async def submit(st: EdgeState, req: GenerateRequest) -> EventStream:
     )
     opened, owned, sent = results
     try:
-        if isinstance(sent, KafkaError):
-            raise unavailable(f"cannot queue the request: {sent}", code="queue_unavailable")
-        if isinstance(sent, BaseException):
-            raise sent
-        for res in (opened, owned):
-            if isinstance(res, BaseException):
-                st.spawn(cancel_request(st, req.request_id, req.tenant, "unavailable"))
-                if isinstance(res, TimeoutError):
-                    raise unavailable(
-                        "the token stream is not reachable", code="stream_unavailable"
-                    )
-                raise res
+        _raise_for(st, req, opened, owned, sent)
     except BaseException:
         stream.close()
         raise
     st.metrics.submitted.labels("chat" if req.messages is not None else "completions").inc()
     return stream
+
+
+def _raise_for(
+    st: EdgeState, req: GenerateRequest, opened: object, owned: object, sent: object
+) -> None:
+    """Raise what a failed part of ``submit`` means for the client, if one failed."""
+    if isinstance(sent, KafkaError):
+        st.metrics.rejected.labels("kafka_unavailable").inc()
+        raise unavailable(f"cannot queue the request: {sent}", code="queue_unavailable")
+    if isinstance(sent, BaseException):
+        raise sent
+    for res in (opened, owned):
+        if isinstance(res, BaseException):
+            st.spawn(cancel_in_background(st, req.request_id, req.tenant, "unavailable"))
+            if isinstance(res, REDIS_DOWN):
+                raise st.health.refusal("submit", req.request_id, res) from res
+            raise res
 
 
 async def _count(st: EdgeState, body: CompletionBody | ChatBody) -> int:

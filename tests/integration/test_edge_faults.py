@@ -3,6 +3,9 @@ model: a publisher in the test writes token events into Redis the way workers do
 (``services.edge.bench``), so the edge relays streams that nothing generates.
 
 - 10,000 requests through one edge leave its per-request maps and its memory flat.
+- Redis stopped for 3 s mid-stream: the stream completes with every seq once; new requests
+  meanwhile get 503 with Retry-After, and are accepted once Redis is back; the edge stays
+  up, reports Redis down on /readyz and in a gauge, and logs the outage once.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ import orjson
 import pytest
 
 from services.edge.bench import publish_steps
-from shared.resp import RespWriter
+from shared.messages import FinishReason, TokenEvent
+from shared.names import Names
+from shared.resp import RespWriter, command
+from shared.token_stream import event_commands
 from tests.conftest import new_prefix
 from tests.integration.harness import Stack, make_stack
+from tests.integration.servers import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -132,8 +139,13 @@ async def _requests(st: Stack, writer: RespWriter, count: int, concurrency: int 
             c.close()
 
 
-async def test_ten_thousand_requests_leave_the_edge_flat(infra: dict[str, str]) -> None:
-    async with edge_only(infra, "flat", **UNLIMITED) as st:
+async def test_ten_thousand_requests_leave_the_edge_flat(
+    infra: dict[str, str], own_redis: Server
+) -> None:
+    # A Redis of its own: the requests' replay logs and owners (kept an hour) would take
+    # some 45 MB of the shared test server.
+    env = {**infra, "TW_REDIS_URL": own_redis.url}
+    async with edge_only(env, "flat", **UNLIMITED) as st:
         writer = RespWriter(st.env["TW_REDIS_URL"], name="tw-test-publisher")
         samples = []
         try:
@@ -152,3 +164,126 @@ async def test_ten_thousand_requests_leave_the_edge_flat(infra: dict[str, str]) 
         # each. One leaked map entry per request (a dict slot, its key, an empty deque)
         # grew it by 8.2 MB here; without a leak it grows by about 0.1 MB.
         assert growth < 8_000 * 256, f"RSS grew {growth / 1e6:.1f} MB ({rss_early / 1e6:.0f} MB)"
+
+
+# --- Redis away ----------------------------------------------------------------------------
+class FakeWorker:
+    """Writes one request's events to Redis at a pace, as a worker does; while Redis is
+    away it holds them and writes them in order once it is back (as workers buffer)."""
+
+    def __init__(self, redis_url: str, names: Names, request_id: str, count: int) -> None:
+        self.writer = RespWriter(redis_url, name="tw-test-worker", timeout_s=1.0, attempts=1)
+        self.names = names
+        self.request_id = request_id
+        self.count = count
+        self.pending: list[TokenEvent] = []
+
+    async def run(self, step_s: float) -> None:
+        try:
+            for seq in range(self.count):
+                final = seq == self.count - 1
+                self.pending.append(
+                    TokenEvent(
+                        request_id=self.request_id,
+                        seq=seq,
+                        text=f"{seq} ",
+                        token_ids=[seq],
+                        finish_reason=FinishReason.STOP if final else None,
+                    )
+                )
+                await self._flush()
+                await asyncio.sleep(step_s)
+            while self.pending:
+                await asyncio.sleep(0.1)
+                await self._flush()
+        finally:
+            await self.writer.aclose()
+
+    async def _flush(self) -> None:
+        cmds = [command(*c) for c in event_commands(self.names, self.pending)]
+        try:
+            await self.writer.execute(cmds)
+        except ConnectionError:
+            return  # Redis away: keep them for the next try
+        self.pending = []
+
+
+async def sse_ids(resp: httpx.Response) -> list[int]:
+    """The ids (seqs) of a streamed response's events, up to ``[DONE]``."""
+    ids = []
+    async for line in resp.aiter_lines():
+        if line.startswith("id: "):
+            ids.append(int(line[4:]))
+        elif line.startswith("data: ") and '"error"' in line:
+            raise AssertionError(f"error event: {line}")
+        elif line == "data: [DONE]":
+            return ids
+    raise AssertionError(f"stream ended without [DONE] after {ids}")
+
+
+async def metric(http: httpx.AsyncClient, url: str, name: str) -> float | None:
+    text = (await http.get(url + "/metrics")).text
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else None
+
+
+async def _refused_while_down(http: httpx.AsyncClient, url: str) -> None:
+    """While Redis is away: /readyz says so, the gauge says so, new requests get 503."""
+    deadline = time.monotonic() + 5
+    while (ready := await http.get(url + "/readyz")).status_code == 200:
+        assert time.monotonic() < deadline, ready.text
+        await asyncio.sleep(0.1)
+    assert ready.status_code == 503 and ready.json()["redis"].startswith("down"), ready.text
+    for payload in (body(stream=True), body()):
+        resp = await http.post(url + "/v1/completions", json=payload)
+        assert resp.status_code == 503, resp.text
+        assert int(resp.headers["retry-after"]) >= 1
+        assert resp.json()["error"]["code"] == "stream_unavailable"
+    while await metric(http, url, "tw_edge_redis_up") != 0.0:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+
+
+async def _accepted_after(http: httpx.AsyncClient, st: Stack) -> None:
+    """Once Redis is back a new request is accepted (within a few seconds) and served."""
+    deadline = time.monotonic() + 15
+    while True:
+        async with http.stream("POST", st.url() + "/v1/completions", json=body(stream=True)) as r:
+            if r.status_code == 200:
+                worker = FakeWorker(st.env["TW_REDIS_URL"], st.names, r.headers["x-request-id"], 2)
+                await worker.run(0.0)
+                assert await sse_ids(r) == [0, 1]
+                return
+            await r.aread()
+            assert r.status_code == 503, r.text
+        assert time.monotonic() < deadline, "still refused after Redis came back"
+        await asyncio.sleep(0.2)
+
+
+async def test_redis_outage_mid_stream(infra: dict[str, str], own_redis: Server) -> None:
+    env = {**infra, "TW_REDIS_URL": own_redis.url}
+    async with edge_only(env, "redis", TW_KEEPALIVE_S="0.5") as st:
+        url = st.url()
+        async with httpx.AsyncClient(timeout=30) as http:
+            async with http.stream("POST", url + "/v1/completions", json=body(stream=True)) as r:
+                assert r.status_code == 200
+                worker = FakeWorker(own_redis.url, st.names, r.headers["x-request-id"], 60)
+                publishing = asyncio.create_task(worker.run(0.1))
+                reading = asyncio.create_task(sse_ids(r))
+                await asyncio.sleep(1.0)
+                await asyncio.to_thread(own_redis.stop)
+                down_at = time.monotonic()
+                await _refused_while_down(http, url)
+                await asyncio.sleep(max(0.0, down_at + 3.0 - time.monotonic()))
+                await asyncio.to_thread(own_redis.start)
+                await asyncio.wait_for(publishing, 30)
+                seqs = await asyncio.wait_for(reading, 30)
+            assert seqs == list(range(60))
+            await _accepted_after(http, st)
+            assert await metric(http, url, "tw_edge_redis_up") == 1.0
+        st.check_alive()
+        log = (st.log_dir / f"{st.prefix}-edge.log").read_text()
+        assert log.count("Redis unreachable") == 1, log[-3000:]
+        noisy = [line for line in log.splitlines() if '"level":"WARNING"' in line]
+        assert len(noisy) <= 4, "\n".join(noisy)
+        assert '"level":"ERROR"' not in log and "Traceback" not in log, log[-3000:]

@@ -1,12 +1,21 @@
 """Edge fault handling without I/O: what a request carries for the worker to cancel it
-when nobody follows its stream."""
+when nobody follows its stream, and how a stream waits out a replay log that Redis cannot
+serve for a while."""
 
 from __future__ import annotations
 
+import asyncio
+
+import orjson
 import pytest
+import redis.exceptions
 
 from services.edge.config import EdgeSettings
+from services.edge.hub import RESYNC, Mailbox
 from services.edge.openai_api import ChatBody, CompletionBody
+from services.edge.relay import EventStream
+from services.edge.retry import backoff
+from shared.names import Names
 
 
 @pytest.mark.parametrize("resumable", [False, True])
@@ -29,3 +38,107 @@ def test_the_grace_is_an_edge_setting() -> None:
     assert EdgeSettings.from_env({"TW_UNFOLLOWED_GRACE_S": "2.5"}).unfollowed_grace_s == 2.5
     with pytest.raises(ValueError, match="TW_UNFOLLOWED_GRACE_S"):
         EdgeSettings.from_env({"TW_UNFOLLOWED_GRACE_S": "0"})
+
+
+# --- the replay log while Redis is away ------------------------------------------------------
+class _Hub:
+    """Stands in for the shared subscriber: holds the stream's mailbox so the test can
+    deliver to it."""
+
+    def __init__(self) -> None:
+        self.box: Mailbox | None = None
+
+    async def subscribe(self, channel: bytes, box: Mailbox) -> None:
+        self.box = box
+
+    def unsubscribe(self, channel: bytes, box: Mailbox) -> None:
+        self.box = None
+
+
+class _FlakyLog:
+    """A replay log read through ``xrange``; the next ``failures`` reads fail as redis-py
+    fails while Redis is away."""
+
+    def __init__(self, *events: bytes) -> None:
+        self.entries = list(events)
+        self.failures = 0
+
+    async def xrange(self, key: str, min: str, max: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        if self.failures:
+            self.failures -= 1
+            raise redis.exceptions.ConnectionError("Error 111 connecting: Connection refused")
+        start = int(min.split("-")[1]) - 1
+        return [(b"", {b"d": e}) for e in self.entries if orjson.loads(e)["seq"] >= start]
+
+
+def _ev(seq: int, final: bool = False) -> bytes:
+    ev: dict[str, object] = {"request_id": "r", "seq": seq, "text": str(seq)}
+    if final:
+        ev["finish_reason"] = "stop"
+    return orjson.dumps(ev)
+
+
+def _stream(hub: _Hub, log: _FlakyLog, retries: list[int]) -> EventStream:
+    return EventStream(
+        hub,  # type: ignore[arg-type]
+        log,  # type: ignore[arg-type]
+        Names("t"),
+        "r",
+        after_seq=-1,
+        on_retry=lambda: retries.append(1),
+    )
+
+
+async def _drain(stream: EventStream, wait_s: float) -> list[int]:
+    got: list[int] = []
+    while not stream.finished:
+        got += [e["seq"] for e in await stream.next(wait_s)]
+    return got
+
+
+async def test_a_resync_while_redis_is_away_retries_the_log_until_it_answers() -> None:
+    hub, log, retries = _Hub(), _FlakyLog(_ev(0)), []
+    stream = await _stream(hub, log, retries).open()
+    assert [e["seq"] for e in await stream.next(1.0)] == [0]
+    # The hub reconnected; meanwhile 1-3 were published; the log fails three times more.
+    log.entries += [_ev(1), _ev(2), _ev(3, final=True)]
+    log.failures = 3
+    assert hub.box is not None
+    hub.box.put_nowait(RESYNC)
+    assert await asyncio.wait_for(_drain(stream, 5.0), 5) == [1, 2, 3]
+    assert len(retries) == 3
+
+
+async def test_a_stream_left_behind_catches_up_without_a_new_live_event() -> None:
+    hub, log, retries = _Hub(), _FlakyLog(_ev(0)), []
+    stream = await _stream(hub, log, retries).open()
+    await stream.next(1.0)
+    log.entries += [_ev(1), _ev(2, final=True)]
+    log.failures = 1_000_000
+    assert hub.box is not None
+    hub.box.put_nowait(_ev(2, final=True))  # a gap: 1 went out while unsubscribed
+    # Each call gives up at its deadline with nothing (the relay sends a keep-alive)...
+    assert await stream.next(0.05) == []
+    assert await stream.next(0.05) == []
+    assert not stream.finished and retries
+    # ...and once Redis answers, the next call reads the log with no live event to prompt it.
+    log.failures = 0
+    assert [e["seq"] for e in await stream.next(1.0)] == [1, 2]
+    assert stream.finished
+
+
+async def test_a_stream_whose_log_cannot_be_read_at_open_raises_and_unsubscribes() -> None:
+    hub, log = _Hub(), _FlakyLog()
+    log.failures = 1
+    stream = _stream(hub, log, [])
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await stream.open()
+    assert hub.box is None
+
+
+def test_backoff_doubles_to_its_cap_with_jitter() -> None:
+    waits = [backoff(n, first_s=0.1, cap_s=1.0) for n in range(8)]
+    for n, wait in enumerate(waits):
+        ceiling = min(1.0, 0.1 * 2**n)
+        assert ceiling / 2 <= wait <= ceiling
+    assert backoff(10_000, cap_s=2.0) <= 2.0

@@ -39,10 +39,11 @@ async def principal(
     """The caller, from ``Authorization: Bearer <key>``."""
     header = request.headers.get("authorization")
     key = bearer_token(header)
-    keys = edge_state(request).keys
-    if header is not None and key is None and keys.required:
+    st = edge_state(request)
+    if header is not None and key is None and st.keys.required:
         raise unauthorized("malformed Authorization header: expected 'Bearer <key>'")
-    return await keys.authenticate(key)
+    with st.health.guard("api key lookup"):
+        return await st.keys.authenticate(key)
 
 
 Caller = Annotated[Principal, Depends(principal)]

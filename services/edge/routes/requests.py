@@ -10,8 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from services.edge.auth import Principal
 from services.edge.cancel import cancel_request, owner_of
-from services.edge.errors import bad_request, not_found, unavailable
-from services.edge.relay import EventStream
+from services.edge.errors import bad_request, not_found
 from services.edge.responses import RelayPlan, SseRelay
 from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
 from services.edge.shapes import Shape, created_of
@@ -38,13 +37,11 @@ async def resume(
     live rest, as SSE. Works on any edge, during or after generation while the log lives."""
     st = edge_state(request)
     after_seq = _after_seq(last_event_id, after)
+    st.health.check(request_id)
     await _check_owner(st, request_id, who)
-    stream = EventStream(st.hub, st.redis, st.names, request_id, after_seq=after_seq)
-    try:
+    stream = st.event_stream(request_id, after_seq=after_seq)
+    with st.health.guard("stream open", request_id):
         await stream.open()
-    except TimeoutError:
-        stream.close()
-        raise unavailable("the token stream is not reachable", code="stream_unavailable") from None
     shape = Shape(
         request_id, st.settings.model_name, created_of(request_id), token_ids=return_token_ids
     )
@@ -60,7 +57,8 @@ async def cancel(request_id: RequestIdParam, request: Request, who: Caller) -> J
     seq of its final event: no token follows it."""
     st = edge_state(request)
     await _check_owner(st, request_id, who)
-    final = await cancel_request(st, request_id, who.tenant, "api")
+    with st.health.guard("cancel", request_id):
+        final = await cancel_request(st, request_id, who.tenant, "api")
     body: dict[str, Any] = {"id": request_id, "object": "request.cancellation"}
     if final is None:
         return JSONResponse({**body, "status": "cancelling"}, status_code=202)
@@ -77,7 +75,9 @@ async def cancel(request_id: RequestIdParam, request: Request, who: Caller) -> J
 
 
 async def _check_owner(st: EdgeState, request_id: str, who: Principal) -> None:
-    if await owner_of(st, request_id) != who.tenant:
+    with st.health.guard("owner lookup", request_id):
+        owner = await owner_of(st, request_id)
+    if owner != who.tenant:
         raise not_found(f"no request '{request_id}'")
 
 

@@ -22,7 +22,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from services.edge.auth import Principal, bearer_token
-from services.edge.cancel import cancel_request, owner_of
+from services.edge.cancel import cancel_in_background, cancel_request, owner_of
 from services.edge.errors import ApiError, bad_request, not_found
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
@@ -47,7 +47,8 @@ async def websocket_stream(ws: WebSocket) -> None:
         while True:
             msg = await inbox.next()
             try:
-                who = await st.keys.authenticate(msg.get("api_key") or header_key)
+                with st.health.guard("api key lookup"):
+                    who = await st.keys.authenticate(msg.get("api_key") or header_key)
                 await _handle(ws, inbox, st, who, msg)
             except ApiError as err:
                 await _send(ws, {"type": "error", "status": err.status, **err.body()})
@@ -84,14 +85,17 @@ async def _handle(
         after = msg.get("last_event_id", -1)
         if not isinstance(after, int) or after < -1:
             raise bad_request("last_event_id must be an integer ≥ -1")
-        stream = EventStream(st.hub, st.redis, st.names, rid, after_seq=after)
-        await stream.open()
+        st.health.check(rid)
+        stream = st.event_stream(rid, after_seq=after)
+        with st.health.guard("stream open", rid):
+            await stream.open()
         shape = Shape(rid, st.settings.model_name, created_of(rid))
         await _relay(ws, inbox, st, who, stream, shape, cancel_on_disconnect=False)
     elif kind == "cancel" and msg.get("request_id"):
         rid = str(msg["request_id"])
         await _owned(st, who, rid)
-        final = await cancel_request(st, rid, who.tenant, "api")
+        with st.health.guard("cancel", rid):
+            final = await cancel_request(st, rid, who.tenant, "api")
         await _send(ws, {"type": "cancelled", "id": rid, "final": final})
     else:
         raise bad_request(
@@ -125,7 +129,7 @@ async def _relay(
         await asyncio.gather(listener, pump, return_exceptions=True)
     if pump.cancelled() or pump.exception() is not None:
         if cancel_on_disconnect and not stream.finished:
-            st.spawn(cancel_request(st, rid, who.tenant, "disconnect"))
+            st.spawn(cancel_in_background(st, rid, who.tenant, "disconnect"))
         raise WebSocketDisconnect()
 
 
@@ -170,13 +174,17 @@ async def _listen(inbox: _Inbox, st: EdgeState, who: Principal, rid: str) -> Non
         # relay ends never drops a message (a client may send its next one right after
         # the "done" frame).
         if msg.get("type") == "cancel" and msg.get("request_id", rid) == rid:
-            st.spawn(cancel_request(st, rid, who.tenant, "api"))
+            st.spawn(cancel_in_background(st, rid, who.tenant, "api"))
         else:
             inbox.later.append(msg)
 
 
 async def _owned(st: EdgeState, who: Principal, rid: str) -> None:
-    if not rid or await owner_of(st, rid) != who.tenant:
+    if not rid:
+        raise not_found("no request ''")
+    with st.health.guard("owner lookup", rid):
+        owner = await owner_of(st, rid)
+    if owner != who.tenant:
         raise not_found(f"no request '{rid}'")
 
 
