@@ -51,6 +51,14 @@ class EdgeSettings(CommonSettings):
     )
     load_refresh_s: float = Field(0.5, gt=0, description="how often batcher queues are read")
 
+    # --- Kafka ---------------------------------------------------------------------------
+    kafka_request_timeout_ms: int = Field(
+        10_000,
+        ge=1000,
+        description="how long a request waits for Kafka to take it before 503 "
+        "queue_unavailable (also the producer's request timeout)",
+    )
+
     # --- Redis ---------------------------------------------------------------------------
     redis_max_connections: int = Field(
         256, ge=1, description="the Redis client's pool; a command beyond it waits its turn"

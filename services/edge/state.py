@@ -76,7 +76,12 @@ class EdgeState:
             redis=redis,
             # Each request is sent alone and waited for: lingering would only add latency
             # (the batcher does the batching).
-            producer=make_producer(settings, client_id="edge", linger_ms=0),
+            producer=make_producer(
+                settings,
+                client_id="edge",
+                linger_ms=0,
+                request_timeout_ms=settings.kafka_request_timeout_ms,
+            ),
             hub=hub,
             keys=KeyStore(
                 redis,

@@ -10,10 +10,11 @@ Kafka away is a 503 ``queue_unavailable``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 from pydantic import ValidationError
 
 from services.edge.auth import Principal
@@ -27,6 +28,8 @@ from services.edge.shapes import new_request_id
 from services.edge.state import EdgeState
 from shared.codec import encode
 from shared.messages import GenerateRequest
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = {False: 16, True: 256}  # completions (OpenAI's default), chat
 
@@ -82,7 +85,7 @@ async def submit(st: EdgeState, req: GenerateRequest) -> EventStream:
     names = st.names
     stream = st.event_stream(req.request_id, after_seq=-1)
     owner = st.redis.set(names.owner(req.request_id), req.tenant, ex=st.settings.owner_ttl_s)
-    send = st.producer.send_and_wait(names.requests, encode(req), key=req.request_id.encode())
+    send = _queue(st, req)
     # All run to the end, so a failure of one never leaves another half done.
     results: tuple[Any, ...] = await asyncio.gather(
         stream.open(), owner, send, return_exceptions=True
@@ -97,12 +100,45 @@ async def submit(st: EdgeState, req: GenerateRequest) -> EventStream:
     return stream
 
 
+class QueueTimeout(KafkaTimeoutError):
+    """Kafka did not acknowledge the request in time; it may still reach Kafka later."""
+
+
+async def _queue(st: EdgeState, req: GenerateRequest) -> None:
+    """Hand ``req`` to Kafka and wait for the acknowledgement, at most the request
+    timeout. The idempotent producer never gives a message up (it retries until the
+    broker is back), so past the timeout the client is answered while the message may
+    still go out: ``QueueTimeout`` says so, and submit cancels the request."""
+    timeout_s = st.settings.kafka_request_timeout_ms / 1000
+    fut: asyncio.Future[Any] | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            fut = await st.producer.send(
+                st.names.requests, encode(req), key=req.request_id.encode()
+            )
+            await asyncio.shield(fut)
+    except TimeoutError:
+        if fut is None:  # still waiting for metadata: nothing was handed over
+            raise KafkaTimeoutError(f"no Kafka metadata within {timeout_s:g} s") from None
+        fut.add_done_callback(_retrieve)
+        raise QueueTimeout(f"not acknowledged by Kafka within {timeout_s:g} s") from None
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Take a late send's outcome, so a failure is not reported as never retrieved."""
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("a send given up on failed later: %r", fut.exception())
+
+
 def _raise_for(
     st: EdgeState, req: GenerateRequest, opened: object, owned: object, sent: object
 ) -> None:
     """Raise what a failed part of ``submit`` means for the client, if one failed."""
     if isinstance(sent, KafkaError):
         st.metrics.rejected.labels("kafka_unavailable").inc()
+        log.debug("refused, Kafka away: %r", sent, extra={"request_id": req.request_id})
+        if isinstance(sent, QueueTimeout):
+            st.spawn(cancel_in_background(st, req.request_id, req.tenant, "unavailable"))
         raise unavailable(f"cannot queue the request: {sent}", code="queue_unavailable")
     if isinstance(sent, BaseException):
         raise sent

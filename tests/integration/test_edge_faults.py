@@ -6,6 +6,8 @@ model: a publisher in the test writes token events into Redis the way workers do
 - Redis stopped for 3 s mid-stream: the stream completes with every seq once; new requests
   meanwhile get 503 with Retry-After, and are accepted once Redis is back; the edge stays
   up, reports Redis down on /readyz and in a gauge, and logs the outage once.
+- Kafka stopped: new requests get 503 ``queue_unavailable`` with Retry-After within the
+  producer's request timeout, and are accepted once it is back; the edge stays up.
 """
 
 from __future__ import annotations
@@ -287,3 +289,47 @@ async def test_redis_outage_mid_stream(infra: dict[str, str], own_redis: Server)
         noisy = [line for line in log.splitlines() if '"level":"WARNING"' in line]
         assert len(noisy) <= 4, "\n".join(noisy)
         assert '"level":"ERROR"' not in log and "Traceback" not in log, log[-3000:]
+
+
+# --- Kafka away ----------------------------------------------------------------------------
+async def _queue_refused(http: httpx.AsyncClient, url: str, within_s: float) -> None:
+    started = time.monotonic()
+    resp = await http.post(url + "/v1/completions", json=body(stream=True, resumable=True))
+    assert resp.status_code == 503, resp.text
+    assert time.monotonic() - started < within_s
+    assert int(resp.headers["retry-after"]) >= 1
+    assert resp.json()["error"]["code"] == "queue_unavailable"
+
+
+async def _queue_accepts(http: httpx.AsyncClient, url: str, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    payload = body(stream=True, resumable=True)  # nothing generates it: leave it running
+    while True:
+        async with http.stream("POST", url + "/v1/completions", json=payload) as resp:
+            if resp.status_code == 200:
+                return
+            await resp.aread()
+            assert resp.status_code == 503, resp.text
+        assert time.monotonic() < deadline, "still refused after Kafka came back"
+        await asyncio.sleep(0.5)
+
+
+async def test_kafka_outage_new_requests_get_503(infra: dict[str, str], own_kafka: Server) -> None:
+    env = {**infra, "TW_KAFKA_BOOTSTRAP": own_kafka.url}
+    async with edge_only(env, "kafka", TW_KAFKA_REQUEST_TIMEOUT_MS="4000") as st:
+        url = st.url()
+        async with httpx.AsyncClient(timeout=60) as http:
+            await _queue_accepts(http, url, 10)
+            await asyncio.to_thread(own_kafka.stop)
+            await _queue_refused(http, url, within_s=10)
+            ready = await http.get(url + "/readyz")
+            assert ready.status_code == 503 and ready.json()["kafka"].startswith("down")
+            await asyncio.to_thread(own_kafka.start)
+            await _queue_accepts(http, url, 30)
+            # The refused request may still reach Kafka (the producer keeps retrying), so
+            # it was cancelled: a worker that picks it up ends it at once.
+            text = (await http.get(url + "/metrics")).text
+            assert re.search(r'^tw_edge_cancels_total\{source="unavailable"\} [1-9]', text, re.M)
+        st.check_alive()
+        log = (st.log_dir / f"{st.prefix}-edge.log").read_text()
+        assert "Traceback" not in log and "never retrieved" not in log, log[-3000:]
