@@ -239,7 +239,19 @@ class DeadLetter(Wire):
     partition: int
     offset: int
     key: str | None = None
-    original_b64: str = Field(description="the original message bytes, base64")
+    original_b64: str = Field(
+        description="the original message's bytes in base64: all of them, or only the first "
+        "ones when 'truncated'"
+    )
+    original_size: int = Field(
+        0, ge=0, description="length of the whole original message in bytes (0 in older records)"
+    )
+    original_sha256: str = Field(
+        "", description="hex SHA-256 of the whole original message (empty in older records)"
+    )
+    truncated: bool = Field(
+        False, description="whether original_b64 holds only the first bytes of the message"
+    )
     request_id: str | None = None
     at: float = Field(default_factory=time.time)
 
