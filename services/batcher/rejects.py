@@ -7,7 +7,6 @@ loses them."""
 
 from __future__ import annotations
 
-import base64
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -23,6 +22,7 @@ from services.batcher.links import Gate, RedisAway, RedisLink, note_kafka_error
 from services.batcher.metrics import BatcherMetrics
 from shared import token_stream
 from shared.codec import DecodeError, decode, encode
+from shared.dead_letters import dead_letter, dead_letter_key
 from shared.messages import DeadLetter, TokenEvent, error_event
 from shared.names import Names
 
@@ -31,48 +31,45 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Rejected:
-    """A message that will not be served, with where it came from and why, and which of
-    its two notices (dead letter, error event) are out."""
+    """A message that will not be served: its dead letter (with a bounded copy of the
+    message, so a backlog of large ones holds little memory), and which of its two
+    notices (dead letter, error event) are out."""
 
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    reason: str
-    detail: str
-    request_id: str | None
+    letter: DeadLetter
     dead_lettered: bool = False
     notified: bool = False
 
     def __post_init__(self) -> None:
-        self.notified = self.request_id is None  # nobody to tell
+        self.notified = not self.letter.request_id  # nobody to tell
 
     @classmethod
     def of(
         cls, msg: ConsumerRecord[Any, Any], reason: str, detail: str, rid: str | None
     ) -> Rejected:
-        return cls(msg.topic, msg.partition, msg.offset, msg.key, msg.value, reason, detail, rid)
+        return cls(
+            dead_letter(
+                reason=reason,
+                detail=detail,
+                topic=msg.topic,
+                partition=msg.partition,
+                offset=msg.offset,
+                key=msg.key,
+                value=msg.value,
+                request_id=rid,
+            )
+        )
 
     @property
     def tp(self) -> TopicPartition:
-        return TopicPartition(self.topic, self.partition)
+        return TopicPartition(self.letter.topic, self.letter.partition)
+
+    @property
+    def offset(self) -> int:
+        return self.letter.offset
 
     @property
     def done(self) -> bool:
         return self.dead_lettered and self.notified
-
-    def dead_letter(self) -> DeadLetter:
-        return DeadLetter(
-            reason=self.reason,
-            detail=self.detail,
-            topic=self.topic,
-            partition=self.partition,
-            offset=self.offset,
-            key=self.key.decode("utf-8", "replace") if self.key else None,
-            original_b64=base64.b64encode(self.value or b"").decode(),
-            request_id=self.request_id,
-        )
 
 
 class Rejects:
@@ -116,9 +113,12 @@ class Rejects:
             return
         acks = []
         for r in todo:
+            letter = r.letter
             try:
-                data = encode(r.dead_letter())
-                acks.append((r, await self.producer.send(self.names.requests_dlq, data, key=r.key)))
+                ack = await self.producer.send(
+                    self.names.requests_dlq, encode(letter), key=dead_letter_key(letter)
+                )
+                acks.append((r, ack))
             except KafkaError as exc:
                 self._failed(exc, r)
                 break  # the rest waits for the next try
@@ -130,15 +130,15 @@ class Rejects:
                 continue
             r.dead_lettered = True
             self.kafka.answered()
-            self.metrics.dead_letters.labels(reason=r.reason).inc()
+            self.metrics.dead_letters.labels(reason=r.letter.reason).inc()
 
     def _failed(self, exc: KafkaError, r: Rejected) -> None:
-        note_kafka_error(self.metrics.kafka_errors, "dead_letter", exc, r.request_id)
+        note_kafka_error(self.metrics.kafka_errors, "dead_letter", exc, r.letter.request_id)
         self.kafka.failed(exc)
 
     async def _notify(self, todo: list[Rejected]) -> None:
-        for r, rid in [(r, r.request_id) for r in todo if r.request_id is not None]:
-            event = error_event(rid, 0, r.reason, r.detail)
+        for r, rid in [(r, r.letter.request_id) for r in todo if r.letter.request_id]:
+            event = error_event(rid, 0, r.letter.reason, r.letter.detail)
             try:
                 outcome = await self.redis.call(
                     partial(publish_error, names=self.names, event=event)

@@ -21,7 +21,12 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+)
 from aiokafka.structs import ConsumerRecord
 
 from services.batcher.config import BatcherSettings
@@ -30,9 +35,11 @@ from services.batcher.links import Gate, RedisAway, RedisLink, note_kafka_error
 from services.batcher.metrics import BatcherMetrics
 from services.batcher.rejects import Rejected, Rejects
 from services.batcher.routing import Router, RoutingMode, WorkerView, partition_for
+from services.batcher.sizing import pack, request_room
 from services.batcher.window import WindowPolicy
 from shared import registry
 from shared.codec import DecodeError, decode, encode
+from shared.dead_letters import dead_letter
 from shared.kafka_io import make_consumer, make_producer
 from shared.messages import Batch, BatcherStatus, GenerateRequest, Priority, WorkerHeartbeat
 from shared.metrics import serve_metrics
@@ -63,6 +70,21 @@ class Pending:
     tp: TopicPartition
     offset: int
     request: GenerateRequest
+    size: int  # bytes of the encoded request, as a batch will carry it
+
+    def rejected(self, reason: str, detail: str) -> Rejected:
+        rid = self.request.request_id
+        letter = dead_letter(
+            reason=reason,
+            detail=detail,
+            topic=self.tp.topic,
+            partition=self.tp.partition,
+            offset=self.offset,
+            key=rid,
+            value=encode(self.request),
+            request_id=rid,
+        )
+        return Rejected(letter)
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -102,6 +124,7 @@ class BatcherService:
             settings, group_id=self.names.batcher_group, client_id=settings.batcher_id
         )
         self.rejects = Rejects(self.producer, self.kafka, self.redis, self.names, self.metrics)
+        self._request_room = request_room(settings.batcher_id)
         self.queue: FairQueue[Pending] = FairQueue(quantum=settings.fair_quantum_tokens)
         # Offsets read but not yet safe: queued, in a batch not yet acknowledged, or
         # rejected with a dead letter or error event still to send.
@@ -206,35 +229,41 @@ class BatcherService:
             for msg in msgs:
                 self._consumed[tp] = msg.offset + 1
                 self._unacked[tp].add(msg.offset)
-                item = self._parse(msg, now)
+                item = self._parse(tp, msg, now)
                 if isinstance(item, Rejected):
                     self.rejects.add([item])
                 else:
-                    self._enqueue(tp, msg.offset, item, now)
+                    self._enqueue(item, now)
         return now
 
     def _fetch_size(self) -> int:
         room = self.settings.max_queued_requests - len(self.queue)
         return max(1, min(256, room))
 
-    def _parse(self, msg: ConsumerRecord[Any, Any], now: float) -> GenerateRequest | Rejected:
+    def _parse(
+        self, tp: TopicPartition, msg: ConsumerRecord[Any, Any], now: float
+    ) -> Pending | Rejected:
         """The request with its seed fixed at ingestion, or why it is rejected."""
         try:
             req = decode(GenerateRequest, msg.value or b"").with_seed()
         except DecodeError as exc:
             return Rejected.of(msg, exc.reason, exc.detail, _salvage_request_id(msg.value))
+        rid = req.request_id
         if req.deadline is not None and req.deadline < now:
-            return Rejected.of(
-                msg, "deadline_exceeded", "the deadline passed before dispatch", req.request_id
-            )
-        return req
+            return Rejected.of(msg, "deadline_exceeded", "the deadline passed before dispatch", rid)
+        size = len(encode(req))
+        if size > self._request_room:
+            detail = f"{size} bytes encoded; a batch holds at most {self._request_room}"
+            return Rejected.of(msg, "too_large", detail, rid)
+        return Pending(tp, msg.offset, req, size)
 
-    def _enqueue(self, tp: TopicPartition, offset: int, req: GenerateRequest, now: float) -> None:
+    def _enqueue(self, p: Pending, now: float) -> None:
         # The fair queue's cost is a character-based token estimate: tokenizing happens
         # only for what is dispatched (see _affinity), never for the whole backlog.
+        req = p.request
         cost = req.prompt_chars // 4 + 1 + req.sampling.max_tokens
         prio = 0 if req.priority is Priority.INTERACTIVE else 1
-        self.queue.push(Queued(Pending(tp, offset, req), req.tenant, prio, cost, now))
+        self.queue.push(Queued(p, req.tenant, prio, cost, now))
 
     def _affinity(self, req: GenerateRequest) -> list[int]:
         """Leading block hashes of the prompt, as the workers' prefix caches key them.
@@ -256,23 +285,9 @@ class BatcherService:
         gone = self.queue.remove_if(
             lambda q: q.item.request.deadline is not None and q.item.request.deadline < now
         )
-        out = []
-        for q in gone:
-            p = q.item
-            rid = p.request.request_id
-            out.append(
-                Rejected(
-                    p.tp.topic,
-                    p.tp.partition,
-                    p.offset,
-                    rid.encode(),
-                    encode(p.request),
-                    "deadline_exceeded",
-                    "the deadline passed while queued",
-                    rid,
-                )
-            )
-        return out
+        return [
+            q.item.rejected("deadline_exceeded", "the deadline passed while queued") for q in gone
+        ]
 
     async def _flush_rejects(self) -> None:
         for r in await self.rejects.flush():
@@ -368,8 +383,13 @@ class BatcherService:
         return groups
 
     async def _send(self, groups: dict[int, list[Queued[Pending]]]) -> list[Queued[Pending]]:
-        """Send each group as a batch; returns the requests Kafka acknowledged."""
-        chunks = list(groups.items())
+        """Send each group in as few batches as fit under the message limit; returns the
+        requests Kafka acknowledged."""
+        chunks = [
+            (part, [group[i] for i in run])
+            for part, group in groups.items()
+            for run in pack([q.item.size for q in group], self._request_room)
+        ]
         acks = []
         for i, (part, chunk) in enumerate(chunks):
             batch = Batch(
@@ -407,6 +427,13 @@ class BatcherService:
         """Requests whose batch Kafka did not take go back to the queue (those of
         partitions still ours: the others are read again by their new owner)."""
         first = items[0].item.request.request_id if items else None
+        if isinstance(exc, (MessageSizeTooLargeError, RecordTooLargeError)):
+            # Batches are sized to the limit, so only a topic or broker set below it
+            # refuses one: sending it again would fail forever.
+            log.error("a batch was refused as too large: %r", exc, extra={"request_id": first})
+            detail = f"Kafka refused its batch as too large ({exc}): check max.message.bytes"
+            self.rejects.add([q.item.rejected("too_large", detail) for q in items])
+            return
         note_kafka_error(self.metrics.kafka_errors, "batch", exc, first)
         self.kafka.failed(exc)
         mine = self.consumer.assignment()

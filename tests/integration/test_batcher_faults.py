@@ -6,6 +6,8 @@ batcher's only view of them."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -17,9 +19,11 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from shared import registry, token_stream
 from shared.codec import decode, encode
+from shared.kafka_io import MAX_MESSAGE_BYTES, MAX_VALUE_BYTES, make_producer
 from shared.messages import (
     Batch,
     BatcherStatus,
@@ -29,6 +33,7 @@ from shared.messages import (
     WorkerHeartbeat,
 )
 from shared.names import Names
+from shared.settings import CommonSettings
 from tests.conftest import new_prefix
 from tests.integration.harness import Stack, make_stack, produce, read_topic
 from tests.integration.servers import Server
@@ -98,9 +103,19 @@ async def new_stack(infra: dict[str, str], model_dir: str, tag: str) -> Stack:
     return stk
 
 
-async def read_batches(
-    stk: Stack, want: set[str], within_s: float
-) -> list[tuple[int, Batch, int]]:
+async def produce_large(stk: Stack, values: list[bytes], topic: str | None = None) -> None:
+    """Produce ``values`` in order to partition 0 with the services' own producer
+    settings (messages up to the bus's limit)."""
+    producer = make_producer(stk.settings, client_id="test")
+    await producer.start()
+    try:
+        for v in values:
+            await producer.send_and_wait(topic or stk.names.requests, v, partition=0)
+    finally:
+        await producer.stop()
+
+
+async def read_batches(stk: Stack, want: set[str], within_s: float) -> list[tuple[int, Batch, int]]:
     """(partition, batch, encoded size) of each batch on the topic, until the batches hold
     every request id in ``want`` or time runs out."""
     consumer = AIOKafkaConsumer(
@@ -267,3 +282,81 @@ async def test_kafka_stopped_past_the_producer_timeout_loses_nothing(
     assert all(counts[r.request_id] >= 1 for r in reqs), (counts, stk.logs())
     assert {r.request_id for r in expiring} <= {dl.request_id for dl in letters}
     assert {dl.reason for dl in letters} == {"deadline_exceeded"}
+
+
+async def test_a_bad_message_too_large_for_a_whole_copy_is_dead_lettered_with_its_digest(
+    infra: dict[str, str], model_dir: str
+) -> None:
+    """3 MiB of garbage is 4 MiB in base64, over the bus's limit: its dead letter keeps
+    the first bytes, the size and the SHA-256, and the request behind it is served."""
+    stk = await new_stack(infra, model_dir, "bf-big")
+    bad = bytes(range(256)) * (3 * 1024 * 4)
+    after = requests(1, "after")[0]
+    fake = FakeWorker(stk.env["TW_REDIS_URL"], stk.names, partitions=[0], free_slots=1000)
+    try:
+        async with fake.running():
+            stk.start("batcher")
+            await stk.wait_ready(workers=1)
+            await produce_large(stk, [bad, encode(after)])
+            letters = await read_dead_letters(stk, 1, 30)
+            stk.check_alive()
+            batches = await read_batches(stk, {after.request_id}, 30)
+            stk.check_alive()
+    finally:
+        stk.stop_all()
+    assert dispatch_counts(batches)[after.request_id] == 1
+    (dl,) = letters
+    copy = base64.b64decode(dl.original_b64)
+    assert dl.reason == "undecodable" and dl.truncated
+    assert dl.original_size == len(bad) == 3 * 1024 * 1024
+    assert dl.original_sha256 == hashlib.sha256(bad).hexdigest()
+    assert 0 < len(copy) <= 64 * 1024 and bad.startswith(copy)
+
+
+async def test_a_group_over_the_byte_limit_goes_out_in_several_batches(
+    infra: dict[str, str], model_dir: str
+) -> None:
+    """Requests for one worker that together pass the message limit go out as several
+    batches, each under it; one too large for any batch is dead-lettered as too_large and
+    its sender told."""
+    stk = await new_stack(infra, model_dir, "bf-split")
+    big = [GenerateRequest(prompt="y" * (1536 * 1024)) for _ in range(3)]
+    small = requests(1, "small")
+    # Two-byte characters: under the message limit as sent, over what fits in a batch.
+    huge = GenerateRequest(prompt="é" * ((MAX_MESSAGE_BYTES - 2048) // 2))
+    fake = FakeWorker(stk.env["TW_REDIS_URL"], stk.names, partitions=[1], free_slots=0)
+    try:
+        async with fake.running():
+            stk.start("batcher")
+            await stk.wait_ready(workers=1)
+            await produce_large(stk, [encode(r) for r in [*big, huge, *small]])
+            await wait_queued(stk, 4)  # the worker is full: the group waits, then goes at once
+            fake.free_slots = 1000
+            batches = await read_batches(stk, {r.request_id for r in big + small}, 30)
+            letters = await read_dead_letters(stk, 1, 30)
+            await wait_error_events(stk, [huge], 10)
+            stk.check_alive()
+    finally:
+        stk.stop_all()
+    counts = dispatch_counts(batches)
+    assert all(counts[r.request_id] == 1 for r in big + small), counts
+    assert len(batches) >= 2 and all(size <= MAX_VALUE_BYTES for _, _, size in batches)
+    assert [(dl.reason, dl.request_id) for dl in letters] == [("too_large", huge.request_id)]
+
+
+async def test_the_broker_takes_a_message_up_to_the_limit_on_any_topic(own_kafka: Server) -> None:
+    """infra/kafka.sh sets the broker's limit from the clients' constant: a topic created
+    with no settings of its own takes a message of the largest value size."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=own_kafka.url)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic("plain", num_partitions=1, replication_factor=1)])
+    finally:
+        await admin.close()
+    producer = make_producer(CommonSettings(kafka_bootstrap=own_kafka.url), client_id="test")
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait("plain", b"z" * MAX_VALUE_BYTES)
+    finally:
+        await producer.stop()
+    assert meta.offset == 0

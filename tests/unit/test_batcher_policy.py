@@ -1,5 +1,6 @@
 """The batcher's pure policies: when a batch goes out (WindowPolicy), to which worker each
-request goes (Router), and which Kafka partition carries it (partition_for)."""
+request goes (Router), which Kafka partition carries it (partition_for), how a group is cut
+into batches under the message limit (pack), and how failed sends go back in the queue."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.batcher.fair_queue import FairQueue, Queued
 from services.batcher.routing import Router, RoutingMode, WorkerView, partition_for
+from services.batcher.sizing import pack, request_room
 from services.batcher.window import WindowPolicy
-from shared.messages import WorkerHeartbeat
+from shared.codec import encode
+from shared.kafka_io import MAX_VALUE_BYTES
+from shared.messages import Batch, GenerateRequest, SamplingParams, WorkerHeartbeat
 from shared.prefix_hash import block_hashes
 
 POLICY = WindowPolicy(min_ms=50.0, max_ms=100.0, max_requests=8, target_wait_ms=200.0)
@@ -304,3 +309,45 @@ def test_without_a_worker_the_partition_is_a_stable_hash() -> None:
 
 def test_unknown_partition_count_falls_back_to_partition_zero() -> None:
     assert partition_for(None, "anything", 0) == 0
+
+
+# --- batches under the message limit -----------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 100), max_size=40), st.integers(100, 400))
+def test_pack_keeps_the_order_and_fills_each_batch_as_far_as_it_fits(
+    sizes: list[int], room: int
+) -> None:
+    runs = pack(sizes, room)
+    assert [i for run in runs for i in run] == list(range(len(sizes)))
+    used = [sum(sizes[i] for i in run) + len(run) - 1 for run in runs]
+    assert all(u <= room for u in used)
+    # Greedy: the next run's first request would not have fitted in the run before it.
+    assert all(used[k] + 1 + sizes[runs[k + 1][0]] > room for k in range(len(runs) - 1))
+
+
+def test_a_request_over_the_room_gets_a_batch_of_its_own() -> None:
+    assert pack([5, 50, 5], 20) == [[0], [1], [2]]
+    assert pack([], 20) == []
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.text(max_size=300), min_size=1, max_size=12), st.text(max_size=40))
+def test_a_batch_encodes_to_its_envelope_plus_its_requests_and_commas(
+    prompts: list[str], batcher_id: str
+) -> None:
+    reqs = [GenerateRequest(prompt=p, sampling=SamplingParams(seed=7)) for p in prompts]
+    sizes = [len(encode(r)) for r in reqs]
+    batch = encode(Batch(batcher_id=batcher_id, requests=reqs))
+    envelope = len(batch) - (sum(sizes) + len(sizes) - 1)
+    assert 0 < envelope <= MAX_VALUE_BYTES - request_room(batcher_id)
+
+
+# --- failed sends go back to the front of the queue ---------------------------------------------
+def test_requeued_requests_go_out_first_and_in_their_order() -> None:
+    q: FairQueue[str] = FairQueue(quantum=10)
+    for name in ("a1", "a2", "a3"):
+        q.push(Queued(name, "a", 0, 1, 0.0))
+    taken = q.pop(2)
+    q.requeue(taken)
+    assert (len(q), q.tokens) == (3, 3)
+    assert [x.item for x in q.pop(3)] == ["a1", "a2", "a3"]
