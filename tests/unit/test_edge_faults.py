@@ -1,17 +1,21 @@
 """Edge fault handling without I/O: what a request carries for the worker to cancel it
-when nobody follows its stream, and how a stream waits out a replay log that Redis cannot
-serve for a while."""
+when nobody follows its stream, how a stream waits out a replay log that Redis cannot
+serve for a while, and how Redis's health turns into 503s and one log line per outage."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import orjson
 import pytest
 import redis.exceptions
 
 from services.edge.config import EdgeSettings
+from services.edge.errors import ApiError
+from services.edge.health import RedisHealth
 from services.edge.hub import RESYNC, Mailbox
+from services.edge.metrics import EdgeMetrics
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
 from services.edge.retry import backoff
@@ -142,3 +146,58 @@ def test_backoff_doubles_to_its_cap_with_jitter() -> None:
         ceiling = min(1.0, 0.1 * 2**n)
         assert ceiling / 2 <= wait <= ceiling
     assert backoff(10_000, cap_s=2.0) <= 2.0
+
+
+# --- Redis health ---------------------------------------------------------------------------
+class _Pinged:
+    """Answers ``ping`` while ``up``; fails as redis-py does while Redis is away."""
+
+    def __init__(self) -> None:
+        self.up = True
+
+    async def ping(self) -> bool:
+        if not self.up:
+            raise redis.exceptions.ConnectionError("Error 111 connecting: Connection refused")
+        return True
+
+
+def _gauge(metrics: EdgeMetrics) -> float | None:
+    return metrics.registry.get_sample_value("tw_edge_redis_up")
+
+
+async def test_an_outage_is_logged_once_and_refuses_new_requests_with_503(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    redis_, metrics, subscribed = _Pinged(), EdgeMetrics(), [True]
+    health = RedisHealth(redis_, lambda: subscribed[0], metrics)  # type: ignore[arg-type]
+    assert health.serving and _gauge(metrics) == 1
+    redis_.up = False
+    with caplog.at_level(logging.INFO, logger="services.edge.health"):
+        for _ in range(3):
+            assert not await health.probe()
+        assert not health.serving and _gauge(metrics) == 0
+        with pytest.raises(ApiError) as refused:
+            health.check("cmpl-1")
+        assert refused.value.status == 503 and refused.value.code == "stream_unavailable"
+        assert int(refused.value.headers["Retry-After"]) >= 1
+        redis_.up = True
+        assert await health.probe() and await health.probe()
+    assert health.serving and _gauge(metrics) == 1
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
+    subscribed[0] = False  # the shared subscriber is reconnecting: not yet serving
+    assert not health.serving
+
+
+def test_the_guard_maps_only_an_outage_to_503() -> None:
+    health = RedisHealth(_Pinged(), lambda: True, EdgeMetrics())  # type: ignore[arg-type]
+    for exc in (
+        redis.exceptions.ConnectionError("refused"),
+        redis.exceptions.TimeoutError("no reply"),
+        ConnectionResetError(),
+        TimeoutError(),
+    ):
+        with pytest.raises(ApiError) as refused, health.guard("owner lookup", "cmpl-1"):
+            raise exc
+        assert refused.value.status == 503
+    with pytest.raises(redis.exceptions.ResponseError), health.guard("rate limit"):
+        raise redis.exceptions.ResponseError("WRONGTYPE")  # a bug, not an outage
