@@ -4,10 +4,11 @@ thread (the worker steps it in a process of its own, ``services.worker.runtime``
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -18,6 +19,8 @@ from services.worker.engine.request import SeqState, Status
 from services.worker.engine.sampler import SamplingConfig, make_generator, sample
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig, StepPlan, Work
 from services.worker.engine.text import TextStream
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,7 @@ class StepOutput:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    error_code: str = "invalid_request"  # the request's input, or "engine_error"
 
 
 @dataclass(slots=True)
@@ -73,6 +77,7 @@ class EngineStats:
     decoded_tokens: int = 0
     preemptions: int = 0
     finished: int = 0
+    request_errors: int = 0  # requests ended by a failure of their own in a step
     step_seconds: float = 0.0
 
     @property
@@ -166,11 +171,7 @@ class Engine:
         if problem:
             return StepOutput(req.request_id, [], "", Status.FINISHED_ERROR, error=problem)
         seq = SeqState(req.request_id, list(req.prompt_ids), req.max_tokens, req.priority)
-        gen = (
-            make_generator(req.sampling.seed, self.runner.device)
-            if req.sampling.temperature > 0
-            else None
-        )
+        gen = None if req.sampling.greedy else make_generator(req.sampling.seed, self.runner.device)
         stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_ids)
         self._live[req.request_id] = _Live(
             req, seq, TextStream(self.tokenizer, req.stop), gen, stop_ids
@@ -187,35 +188,62 @@ class Engine:
 
     def _run(self, plan: StepPlan) -> list[StepOutput]:
         logits: dict[str, torch.Tensor] = {}
+        failed: dict[str, str] = {}
         for group in _forward_groups(plan.work):
-            items = [
-                RunItem(
-                    w.seq.all_ids[w.seq.num_computed : w.seq.num_computed + w.num_tokens],
-                    w.seq.num_computed,
-                    self.kv.table(w.seq.request_id).block_ids,
-                    # Unique per admission, so a reused request id never meets stale KV.
-                    (w.seq.request_id, w.seq.arrival),
-                )
-                for w in group
-            ]
-            out = self.runner.forward(items)
-            for w, row in zip(group, out, strict=True):
-                if w.samples:
-                    logits[w.seq.request_id] = row
-                if not (w.samples and w.num_tokens == 1 and w.seq.output_ids):
-                    self.stats.prefilled_tokens += w.num_tokens
-        self.scheduler.complete(plan)
+            self._forward(group, logits, failed)
+        outputs = [self._fail(self._live[rid], why) for rid, why in failed.items()]
+        self.scheduler.complete(plan)  # the failed ones are finished: it skips them
         sampled = [w.seq.request_id for w in plan.work if w.seq.request_id in logits]
         if not sampled:
-            return []
+            return outputs
         lives = [self._live[r] for r in sampled]
-        tokens = sample(
-            torch.stack([logits[r] for r in sampled]),
-            [lv.req.sampling for lv in lives],
-            [lv.generator for lv in lives],
-        )
+        tokens = self._sample(torch.stack([logits[r] for r in sampled]), lives)
         self.stats.decoded_tokens += len(tokens)
-        return [self._emit(lv, tok) for lv, tok in zip(lives, tokens, strict=True)]
+        for lv, tok in zip(lives, tokens, strict=True):
+            if tok is None:
+                outputs.append(self._fail(lv, "the model produced non-finite logits"))
+            else:
+                outputs.append(self._emit(lv, tok))
+        return outputs
+
+    def _forward(
+        self, group: list[Work], logits: dict[str, torch.Tensor], failed: dict[str, str]
+    ) -> None:
+        """One forward pass over ``group``; if it raises, its halves are retried until the
+        request it fails on is alone, and only that one fails."""
+        items = [
+            RunItem(
+                w.seq.all_ids[w.seq.num_computed : w.seq.num_computed + w.num_tokens],
+                w.seq.num_computed,
+                self.kv.table(w.seq.request_id).block_ids,
+                # Unique per admission, so a reused request id never meets stale KV.
+                (w.seq.request_id, w.seq.arrival),
+            )
+            for w in group
+        ]
+        try:
+            out = self.runner.forward(items)
+        except Exception as exc:  # whatever the model's code raises: isolate it, never crash
+            # A pass that failed part-way may have left rows' dense KV half written: those
+            # rows are reloaded from the pool (its blocks are rewritten by the retry).
+            self.runner.forget_rows()
+            if len(group) == 1:
+                rid = group[0].seq.request_id
+                log.warning("forward pass failed: %s", exc, extra={"request_id": rid})
+                failed[rid] = f"the forward pass failed: {exc}"
+                return
+            half = len(group) // 2
+            self._forward(group[:half], logits, failed)
+            self._forward(group[half:], logits, failed)
+            return
+        for w, row in zip(group, out, strict=True):
+            if w.samples:
+                logits[w.seq.request_id] = row
+            if not (w.samples and w.num_tokens == 1 and w.seq.output_ids):
+                self.stats.prefilled_tokens += w.num_tokens
+
+    def _sample(self, logits: torch.Tensor, lives: list[_Live]) -> list[int | None]:
+        return sample(logits, [lv.req.sampling for lv in lives], [lv.generator for lv in lives])
 
     def _emit(self, live: _Live, token: int) -> StepOutput:
         seq = live.seq
@@ -223,17 +251,29 @@ class Engine:
         finish = None
         if token in live.stop_ids:
             finish = Status.FINISHED_STOPPED
-        text = "" if finish else live.text.push([token])
-        if live.text.stopped:
-            finish = Status.FINISHED_STOPPED
-        elif finish is None and len(seq.output_ids) >= seq.max_tokens:
-            finish = Status.FINISHED_LENGTH
-        if finish is None:
-            return StepOutput(seq.request_id, [token], text)
-        text += live.text.flush()
+        try:
+            text = "" if finish else live.text.push([token])
+            if live.text.stopped:
+                finish = Status.FINISHED_STOPPED
+            elif finish is None and len(seq.output_ids) >= seq.max_tokens:
+                finish = Status.FINISHED_LENGTH
+            if finish is None:
+                return StepOutput(seq.request_id, [token], text)
+            text += live.text.flush()
+        except Exception as exc:  # a tokenizer's failure on one output is that request's
+            log.warning("detokenizing failed: %s", exc, extra={"request_id": seq.request_id})
+            return self._fail(live, f"detokenizing the output failed: {exc}")
         self._live.pop(seq.request_id, None)
         self.scheduler.finish(seq, finish)
         return self._final_output(live, [token], text, finish)
+
+    def _fail(self, live: _Live, why: str) -> StepOutput:
+        """End one request after a failure of its own; the step goes on for the others."""
+        self.stats.request_errors += 1
+        self._live.pop(live.seq.request_id, None)
+        self.scheduler.finish(live.seq, Status.FINISHED_ERROR)
+        out = self._final_output(live, [], "", Status.FINISHED_ERROR)
+        return replace(out, error=why, error_code="engine_error")
 
     def _final_output(
         self, live: _Live, tokens: list[int], text: str, finish: Status

@@ -305,6 +305,11 @@ class ModelRunner:
         params = inspect.signature(self._decoder.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
+    def forget_rows(self) -> None:
+        """Drop the decoding rows' dense KV copies (after a failed pass): each is loaded
+        again from the pool, which stays the source of truth."""
+        self._slots.release()
+
     @torch.inference_mode()
     def forward(self, items: Sequence[RunItem]) -> torch.Tensor:
         """Logits of the last token of each item, shape ``[len(items), vocab]``."""
