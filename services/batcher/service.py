@@ -3,10 +3,14 @@
 Each tick: fetch what has arrived; send bad messages and expired requests to the
 dead-letter topic (the sender gets an error event); queue valid requests fairly; and when
 the window policy says so, take as many as the workers have room for, route each to a
-worker (prefix affinity), and produce one batch per worker partition. Input offsets are
-committed only up to the first request not yet acknowledged by Kafka (acks=all), so a
-crash redelivers rather than loses. While the queue is over its limits the consumer is
-paused: the backlog stays in Kafka, not in memory.
+worker (prefix affinity), and produce the batches of each worker partition, each under
+the bus's message limit. Input offsets are committed only up to the first request not yet
+acknowledged by Kafka (acks=all), so a crash redelivers rather than loses. While the queue
+is over its limits the consumer is paused: the backlog stays in Kafka, not in memory.
+
+Dependencies come and go (see links.py). While Redis is away nothing is dispatched (there
+is no view of the workers) and error events wait; a batch Kafka did not take goes back to
+the queue; a commit failed by a rebalance is tried again. None of it stops the batcher.
 """
 
 from __future__ import annotations
