@@ -62,6 +62,11 @@ class Names:
         """Key naming the worker generating a request (expires if that worker dies)."""
         return f"{self.prefix}:claim:{request_id}"
 
+    def attempts(self, request_id: str) -> str:
+        """Counter of the claims taken on a request that did not end cleanly (its worker
+        crashed): past a limit the request is quarantined as a poison."""
+        return f"{self.prefix}:attempts:{request_id}"
+
     def cancelled(self, request_id: str) -> str:
         """Key set when a request is cancelled, for a worker that picks it up later."""
         return f"{self.prefix}:cancelled:{request_id}"

@@ -37,6 +37,26 @@ class StreamState:
     # Outputs that arrived before the request's claim answered (it started early, see
     # ``WorkerService._take_batch``); None once the stream is this worker's.
     held: list[StepOutput] | None = None
+    # Where the request came from (for its dead letter, if it fails).
+    partition: int = -1
+    offset: int = -1
+    final: TokenEvent | None = None  # the final event, once built (published or not)
+    unheard_since: float | None = None  # monotonic time since no client got its events
+    cancelling: bool = False  # an abort is on its way to the engine
+
+    def heard(self, listened: bool, now: float) -> None:
+        """Note whether a client received the event just published."""
+        if listened:
+            self.unheard_since = None
+        elif self.unheard_since is None:
+            self.unheard_since = now
+
+    def abandoned(self, now: float) -> bool:
+        """No client has followed the stream for longer than the request's grace period
+        (its edge died, and with it the cancel a disconnect would have sent)."""
+        grace = self.request.reply.unfollowed_grace_s
+        since = self.unheard_since
+        return grace is not None and since is not None and now - since > grace
 
     def event(self, out: StepOutput) -> TokenEvent | None:
         """The event for one step's output, or None while there is no text to send yet
@@ -52,13 +72,14 @@ class StreamState:
         if out.finish is not None:
             ev.finish_reason = FINISH[out.finish]
             if out.error:
-                ev.error = ErrorInfo(code="invalid_request", message=out.error)
+                ev.error = ErrorInfo(code=out.error_code, message=out.error)
             else:
                 ev.usage = Usage(
                     prompt_tokens=out.prompt_tokens,
                     completion_tokens=out.completion_tokens,
                     cached_tokens=out.cached_tokens,
                 )
+            self.final = ev
         self.pending_ids = []
         self.next_seq += 1
         return ev if ev.seq > self.skip_upto else None

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from services.worker.engine.engine import EngineStats
 from shared.messages import GenerateRequest, TokenEvent
 from shared.metrics import FAST_BUCKETS, LATENCY_BUCKETS
+from shared.retry import DependencyMetrics
 
 
 class WorkerMetrics:
@@ -65,6 +66,29 @@ class WorkerMetrics:
         self.lag = Gauge(
             "tw_worker_consumer_lag", "batches not yet committed on assigned partitions", registry=r
         )
+        self.failures = Counter(
+            "tw_worker_request_failures",
+            "requests ended with an error, by cause (each also dead-lettered)",
+            ["code"],
+            registry=r,
+        )
+        self.handled_errors = Counter(
+            "tw_worker_handled_errors",
+            "failures the worker caught and survived, by where they happened",
+            ["where"],
+            registry=r,
+        )
+        self.unfollowed = Counter(
+            "tw_worker_unfollowed_cancels",
+            "requests cancelled because no client followed their stream",
+            registry=r,
+        )
+        self.engine_paused = Gauge(
+            "tw_worker_engine_paused",
+            "1 while the engine is paused because token events cannot be published",
+            registry=r,
+        )
+        self.deps = DependencyMetrics(r, "worker")
         self.info = Gauge("tw_worker_info", "worker identity", list(lbl), registry=r)
         self.info.labels(**lbl).set(1)
         self._preempted_seen = 0

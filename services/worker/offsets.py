@@ -14,6 +14,7 @@ class OffsetTracker:
     _pending: dict[int, dict[int, set[str]]] = field(default_factory=lambda: defaultdict(dict))
     _owner: dict[str, set[tuple[int, int]]] = field(default_factory=lambda: defaultdict(set))
     _committed: dict[int, int] = field(default_factory=dict)
+    _unsent: dict[int, int] = field(default_factory=dict)  # positions whose commit failed
 
     def add(self, partition: int, offset: int, request_ids: list[str]) -> None:
         """A batch arrived; ``request_ids`` are the requests still to finish in it."""
@@ -27,8 +28,10 @@ class OffsetTracker:
             self._pending[part][off].discard(request_id)
 
     def committable(self) -> dict[int, int]:
-        """Partition → next offset to commit, for partitions whose position advanced."""
-        out = {}
+        """Partition → next offset to commit, for partitions whose position advanced (or
+        whose last commit failed)."""
+        out = dict(self._unsent)
+        self._unsent.clear()
         for part, batches in self._pending.items():
             nxt = None
             for off in sorted(batches):
@@ -41,10 +44,17 @@ class OffsetTracker:
                 out[part] = nxt
         return out
 
+    def not_committed(self, offsets: dict[int, int]) -> None:
+        """A commit of ``offsets`` (from ``committable``) failed: offer them again."""
+        for part, off in offsets.items():
+            if self._committed.get(part) == off:
+                self._unsent[part] = off
+
     def drop_partition(self, partition: int) -> list[str]:
         """Forget a revoked partition; returns its unfinished request ids."""
         batches = self._pending.pop(partition, {})
         self._committed.pop(partition, None)
+        self._unsent.pop(partition, None)
         rids = sorted({rid for ids in batches.values() for rid in ids})
         for rid in rids:
             places = self._owner.get(rid, set())

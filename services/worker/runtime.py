@@ -50,6 +50,9 @@ from services.worker.engine.engine import EngineConfig, EngineRequest, EngineSta
 log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.5
+# Steps of outputs the worker may hold unpublished (Redis away) before the engine pauses:
+# a bounded buffer, and nothing generated is ever dropped.
+MAX_BUFFERED_STEPS = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,14 +82,18 @@ class EngineProcess:
     ``stop`` are safe from any thread; ``kv_summary`` is awaited on the loop, which also
     receives every step's outputs on ``outputs``. ``stats`` is the snapshot sent with the
     latest step. When the engine fails, ``error`` is set and an empty list is put on
-    ``outputs`` so that the reader wakes up.
+    ``outputs`` so that the reader wakes up. Flow control: when ``outputs`` holds
+    ``max_buffered`` steps the engine pauses after its step, and it resumes once the reader
+    has taken half of them (``taken``).
 
     The frames are ``multiprocessing.Connection``'s (a length, then a pickle), so the engine
     process keeps a plain blocking ``Connection``.
     """
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, max_buffered: int = MAX_BUFFERED_STEPS) -> None:
         self.outputs: asyncio.Queue[list[StepOutput]] = asyncio.Queue()
+        self.max_buffered = max_buffered
+        self.paused = False
         self.stats = EngineStats(block_size=spec.config.block_size)
         self.error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -139,6 +146,13 @@ class EngineProcess:
 
     def abort(self, request_id: str) -> None:
         self._post(("abort", request_id))
+
+    def taken(self) -> None:
+        """The reader took outputs: resume a paused engine once half the buffer is free."""
+        if self.paused and self.outputs.qsize() <= self.max_buffered // 2:
+            self.paused = False
+            self._post(("resume",))
+            log.info("engine resumed: its outputs are being published again")
 
     async def kv_summary(self, limit: int) -> list[int]:
         """The KV cache's routing summary, computed in the engine process between steps."""
@@ -201,6 +215,12 @@ class EngineProcess:
         if kind == "step":
             outs, self.stats = rest
             self.outputs.put_nowait(outs)
+            if not self.paused and self.outputs.qsize() >= self.max_buffered:
+                self.paused = True
+                self._post(("pause",))
+                log.warning(
+                    "engine paused: %d steps of outputs wait to be published", self.max_buffered
+                )
         elif kind == "summary":
             qid, hashes = rest
             fut = self._queries.get(qid)
@@ -302,8 +322,10 @@ def _build(spec: EngineSpec) -> Any:
 
 
 def _serve(conn: Connection, engine: Any) -> None:
+    paused = False  # the worker cannot publish outputs now: hold the engine still
     while True:
-        if conn.poll(0 if engine.has_work else IDLE_POLL_S):
+        busy = engine.has_work and not paused
+        if conn.poll(0 if busy else IDLE_POLL_S):
             while True:  # everything that arrived during the step
                 kind, *rest = conn.recv()
                 if kind == "submit":
@@ -312,11 +334,13 @@ def _serve(conn: Connection, engine: Any) -> None:
                     engine.abort(rest[0])
                 elif kind == "summary":
                     conn.send(("summary", rest[0], engine.kv.summary_hashes(rest[1])))
+                elif kind in ("pause", "resume"):
+                    paused = kind == "pause"
                 elif kind == "stop":
                     return
                 if not conn.poll(0):
                     break
-        if engine.has_work:
+        if engine.has_work and not paused:
             try:
                 outs = engine.step()
             except Exception:
@@ -343,5 +367,7 @@ def _exit_with_parent() -> None:
     """Linux: get SIGKILL when the worker dies, even mid-step (EOF on the pipe covers the
     rest, between steps)."""
     if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
+        try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError) as exc:  # no such libc: EOF on the pipe still ends it
+            log.warning("cannot ask to be killed with the worker: %s", exc)

@@ -50,8 +50,9 @@ async def bare(
 
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[Server]:
-    """A Redis server of this test's own, which it may stop and start."""
-    srv = private_server("redis", tmp_path / "redis-run")
+    """A Redis server of this test's own, which it may stop and start (with the demo
+    stack's durability: an append-only file, so a restart keeps the data)."""
+    srv = private_server("redis", tmp_path / "redis-run", persist="aof")
     srv.start()
     try:
         yield srv

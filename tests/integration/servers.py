@@ -42,12 +42,13 @@ class Server:
         return f"127.0.0.1:{self.env['TW_KAFKA_PORT']}"
 
 
-def private_server(kind: str, run_dir: Path) -> Server:
-    """A server of ``kind`` on free ports under ``run_dir`` (not started)."""
+def private_server(kind: str, run_dir: Path, *, persist: str = "off") -> Server:
+    """A server of ``kind`` on free ports under ``run_dir`` (not started); a Redis keeps
+    its data across restarts with ``persist="aof"``, as the demo stack's does."""
     env = {**os.environ, "TW_STACK": "test", "TW_RUN_DIR": str(run_dir)}
     if kind == "redis":
         env["TW_REDIS_PORT"] = str(free_port())
-        env["TW_REDIS_PERSIST"] = "off"
+        env["TW_REDIS_PERSIST"] = persist
     else:
         env["TW_KAFKA_PORT"] = str(free_port())
         env["TW_KAFKA_CONTROLLER_PORT"] = str(free_port())

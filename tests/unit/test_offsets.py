@@ -160,3 +160,19 @@ def test_a_request_delivered_in_two_batches_finishes_both() -> None:
     t.done("x")
     assert t.committable() == {0: 3}
     assert t.unfinished() == 0
+
+
+def test_a_failed_commit_is_offered_again() -> None:
+    t = OffsetTracker()
+    t.add(0, 5, ["a"])
+    t.done("a")
+    assert t.committable() == {0: 6}
+    t.not_committed({0: 6})  # e.g. a rebalance was in flight
+    assert t.committable() == {0: 6}
+    assert t.committable() == {}
+    t.add(0, 6, ["b"])
+    t.not_committed({0: 6})
+    t.done("b")
+    assert t.committable() == {0: 7}  # the newer position supersedes the failed one
+    t.not_committed({0: 6})  # a stale failure is not offered again
+    assert t.committable() == {}

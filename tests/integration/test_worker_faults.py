@@ -1,0 +1,331 @@
+"""A worker's failure paths against real Kafka, Redis and service processes: a failure that
+belongs to one request ends that request (an error event at its next seq, a dead letter)
+and never the worker; everything a request owes goes out before its done marker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from services.worker.claims import POISON_ATTEMPTS
+from shared import token_stream
+from shared.codec import decode, encode
+from shared.messages import (
+    Batch,
+    Completion,
+    DeadLetter,
+    FinishReason,
+    GenerateRequest,
+    ReplyTarget,
+    SamplingParams,
+    TokenEvent,
+)
+from tests.conftest import new_prefix
+from tests.integration.harness import Stack, StreamRecorder, make_stack, produce, read_topic
+from tests.integration.servers import Server
+from tests.integration.test_handoff import FAST_FAILOVER, greedy_requests, reference_tokens
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+async def wait_final(
+    redis: aioredis.Redis, stack: Stack, rid: str, within_s: float = 60
+) -> list[TokenEvent]:
+    """A request's replay log once it holds a final event."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        events = await token_stream.read_log(redis, stack.names, rid)
+        if events and events[-1].final:
+            return events
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"{rid} has no final event\n{stack.logs()}")
+
+
+async def dead_letters(stack: Stack, rids: set[str], within_s: float = 30) -> dict[str, DeadLetter]:
+    raw = await read_topic(
+        stack.env["TW_KAFKA_BOOTSTRAP"],
+        stack.names.requests_dlq,
+        lambda vs: rids <= {decode(DeadLetter, v).request_id for v in vs},
+        within_s,
+    )
+    return {dl.request_id: dl for dl in (decode(DeadLetter, v) for v in raw) if dl.request_id}
+
+
+def context_of(model_dir: str) -> int:
+    return int(json.loads((Path(model_dir) / "config.json").read_text())["max_position_embeddings"])
+
+
+async def test_hostile_and_failing_requests_end_alone_and_the_worker_serves_on(
+    bare: Stack, model_dir: str
+) -> None:
+    """The request that stopped every worker (temperature 1e-45) is served, greedily, over
+    HTTP and raw on Kafka; requests that fail in the worker (over the context, a reply topic
+    that does not exist) each get an error event and a dead letter, at once; a normal
+    request after them is answered; no process exits."""
+    st = bare
+    st.start("worker")
+    st.start("batcher")
+    st.start("edge")
+    await st.wait_ready()
+    body = {"model": "tokenwire-tiny", "prompt": "The function returns", "max_tokens": 12}
+    async with httpx.AsyncClient(timeout=60) as http:
+        tiny = await http.post(st.url() + "/v1/completions", json={**body, "temperature": 1e-45})
+        greedy = await http.post(st.url() + "/v1/completions", json={**body, "temperature": 0})
+    assert tiny.status_code == 200, tiny.text
+    assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+
+    hostile = GenerateRequest(prompt="If the value", sampling=SamplingParams(temperature=1e-45))
+    too_long = GenerateRequest(
+        prompt="The list", sampling=SamplingParams(max_tokens=context_of(model_dir) + 1)
+    )
+    no_topic = GenerateRequest(prompt="Return", reply=ReplyTarget(kafka_topic="no-such-topic"))
+    normal = GenerateRequest(prompt="The module", sampling=SamplingParams(temperature=0))
+    boot = st.env["TW_KAFKA_BOOTSTRAP"]
+    started = time.monotonic()
+    await produce(boot, st.names.requests, [encode(r) for r in (hostile, too_long, no_topic)])
+    await produce(boot, st.names.requests, [encode(normal)])
+    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    try:
+        ends = {
+            r.request_id: (await wait_final(redis, st, r.request_id))[-1]
+            for r in (hostile, too_long, no_topic, normal)
+        }
+    finally:
+        await redis.aclose()
+    assert time.monotonic() - started < 20  # no 30 s stall on the missing topic
+    for ok in (hostile, normal):
+        assert ends[ok.request_id].finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+    failed = {too_long.request_id: "invalid_request", no_topic.request_id: "reply_topic_not_found"}
+    for rid, code in failed.items():
+        err = ends[rid].error
+        assert ends[rid].finish_reason == FinishReason.ERROR and err is not None
+        assert err.code == code, err
+    letters = await dead_letters(st, set(failed))
+    for rid, code in failed.items():
+        assert letters[rid].reason == code and letters[rid].original_size > 0
+    st.check_alive()
+
+
+async def test_an_error_event_takes_the_next_seq_of_a_redelivered_stream(bare: Stack) -> None:
+    """A redelivered request that fails now (its deadline passed) ends with an error event
+    after the events its stream already had, so a client following it sees the end."""
+    st = bare
+    st.start("worker")
+    await st.wait_ready()
+    req = GenerateRequest(prompt="The value", deadline=time.time() - 1)
+    rid = req.request_id
+    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    try:
+        before = [TokenEvent(request_id=rid, seq=i, text=f"t{i}") for i in range(3)]
+        await token_stream.publish_events(redis, st.names, before)
+        batch = Batch(batcher_id="test", requests=[req])
+        await produce(st.env["TW_KAFKA_BOOTSTRAP"], st.names.batches, [encode(batch)])
+        events = await wait_final(redis, st, rid)
+    finally:
+        await redis.aclose()
+    assert [e.seq for e in events] == [0, 1, 2, 3]
+    assert events[-1].error is not None and events[-1].error.code == "deadline_exceeded"
+    assert rid in await dead_letters(st, {rid})
+
+
+async def test_a_final_event_out_before_a_crash_still_gets_its_completion(bare: Stack) -> None:
+    """A worker that died after a request's final event but before its Kafka completion
+    was acknowledged left no done marker: the request's next worker regenerates it silently
+    (every event is in the replay log) and sends the completion."""
+    st = bare
+    st.start("worker")
+    await st.wait_ready()
+    [req] = greedy_requests(1, 6, seed=11)
+    boot = st.env["TW_KAFKA_BOOTSTRAP"]
+    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    try:
+        await produce(boot, st.names.batches, [encode(Batch(requests=[req]))])
+        events = await wait_final(redis, st, req.request_id)
+        await asyncio.sleep(1.0)  # settled: the done marker is written
+        assert await redis.delete(st.names.done_marker(req.request_id)) == 1
+        # The same request again, now owing a completion, as its redelivery would.
+        owed = req.model_copy(update={"reply": ReplyTarget(kafka_topic=st.names.completions)})
+        await produce(boot, st.names.batches, [encode(Batch(requests=[owed]))])
+        raw = await read_topic(boot, st.names.completions, lambda vs: bool(vs), 30)
+        assert await token_stream.read_log(redis, st.names, req.request_id) == events
+    finally:
+        await redis.aclose()
+    [done] = [decode(Completion, v) for v in raw]
+    assert done.request_id == req.request_id and done.finish_reason == FinishReason.LENGTH
+    assert done.token_ids == [t for e in events for t in e.token_ids]
+
+
+async def test_a_poison_is_quarantined_and_the_rest_of_its_batch_is_served(bare: Stack) -> None:
+    """A request that was running during two worker crashes (its crashed-attempt count in
+    Redis) is not run a third time: it gets an error event and a dead letter with the
+    reason ``poison``, and the other request of its batch is served."""
+    st = bare
+    st.start("worker")
+    await st.wait_ready()
+    poison, other = greedy_requests(2, 5, seed=12)
+    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    try:
+        await redis.set(st.names.attempts(poison.request_id), POISON_ATTEMPTS, ex=600)
+        batch = Batch(requests=[poison, other])
+        await produce(st.env["TW_KAFKA_BOOTSTRAP"], st.names.batches, [encode(batch)])
+        bad = await wait_final(redis, st, poison.request_id)
+        good = await wait_final(redis, st, other.request_id)
+    finally:
+        await redis.aclose()
+    assert len(bad) == 1 and bad[0].error is not None and bad[0].error.code == "poison"
+    assert sum(len(e.token_ids) for e in good) == 5 and good[-1].finish_reason == "length"
+    assert (await dead_letters(st, {poison.request_id}))[poison.request_id].reason == "poison"
+    st.check_alive()
+
+
+async def test_a_worker_killed_while_kafka_reply_requests_finish_sends_each_one_completion(
+    bare: Stack, model_dir: str
+) -> None:
+    st = bare
+    reqs = greedy_requests(60, 10, seed=13, reply_topic=st.names.completions)
+    st.start("batcher")
+    st.start("worker", "w1", **FAST_FAILOVER, TW_MAX_RUNNING="8")
+    await st.wait_ready()
+    boot = st.env["TW_KAFKA_BOOTSTRAP"]
+    async with StreamRecorder(st.env["TW_REDIS_URL"], st.names) as rec:
+        await produce(boot, st.names.requests, [encode(r) for r in reqs])
+        while len(rec.finished()) < 15:
+            st.check_alive()
+            await asyncio.sleep(0.05)
+        st.stop("w1", signal.SIGKILL)
+        st.start("worker", "w2", **FAST_FAILOVER)
+        await rec.wait_finished({r.request_id for r in reqs}, within_s=180, stack=st)
+    want = {r.request_id for r in reqs}
+    raw = await read_topic(
+        boot,
+        st.names.completions,
+        lambda vs: want <= {decode(Completion, v).request_id for v in vs},
+        60,
+    )
+    await asyncio.sleep(2)  # room for a late duplicate to show
+    raw = await read_topic(boot, st.names.completions, lambda vs: len(vs) > len(raw), 3)
+    ids = [decode(Completion, v).request_id for v in raw]
+    assert sorted(ids) == sorted(want), "every request exactly one completion"
+    expected = reference_tokens(model_dir, reqs[:5], 10)
+    for v in raw:
+        c = decode(Completion, v)
+        if c.request_id in expected:
+            assert c.token_ids == expected[c.request_id]
+
+
+async def sse_stream(http: httpx.AsyncClient, url: str, body: dict[str, object]) -> list[int]:
+    """The ``id:`` of every event of one streamed response (asserting it ended)."""
+    ids: list[int] = []
+    async with http.stream("POST", url, json=body) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        async for line in resp.aiter_lines():
+            if line.startswith("id: "):
+                ids.append(int(line[4:]))
+            elif line == "data: [DONE]":
+                return ids
+    raise AssertionError("the stream ended without [DONE]")
+
+
+async def test_a_redis_restart_under_load_stops_nothing_and_loses_nothing(
+    infra: dict[str, str], model_dir: str, own_redis: Server, tmp_path: Path
+) -> None:
+    """Redis stopped for 3 s and started again while 8 streams run through the whole stack:
+    every stream ends, its replay log has no gap and no duplicate and holds exactly the
+    tokens of an undisturbed greedy run, the clients' SSE ids are contiguous, and no
+    process exits."""
+    st = make_stack(
+        new_prefix("redis-out"), {**infra, "TW_REDIS_URL": own_redis.url}, model_dir, tmp_path
+    )
+    await st.create_topics()
+    for kind in ("worker", "batcher", "edge"):
+        st.start(kind)
+    try:
+        await st.wait_ready()
+        reqs = greedy_requests(8, 160, seed=14)
+        bodies = [
+            {
+                "model": "tokenwire-tiny",
+                "prompt": r.prompt,
+                "max_tokens": 160,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+                "resumable": True,
+            }
+            for r in reqs
+        ]
+        async with httpx.AsyncClient(timeout=180) as http:
+            clients = [
+                asyncio.create_task(sse_stream(http, st.url() + "/v1/completions", b))
+                for b in bodies
+            ]
+            await asyncio.sleep(2.0)  # all streaming
+            own_redis.stop()
+            await asyncio.sleep(3.0)
+            own_redis.start()
+            seen = await asyncio.gather(*clients)
+        st.check_alive()
+        for ids in seen:
+            assert ids == list(range(len(ids))) and len(ids) > 1
+        redis = aioredis.Redis.from_url(own_redis.url)
+        try:
+            rids = [m.decode() for m in await redis.keys(st.names.token_log("*"))]
+            logs = {
+                rid: await token_stream.read_log(redis, st.names, rid.split(":", 2)[2])
+                for rid in rids
+            }
+        finally:
+            await redis.aclose()
+    finally:
+        st.stop_all()
+    assert len(logs) == 8
+    by_prompt = {}
+    for events in logs.values():
+        assert [e.seq for e in events] == list(range(len(events)))
+        assert events[-1].finish_reason == FinishReason.LENGTH
+        by_prompt[tuple(t for e in events for t in e.token_ids)] = events
+    expected = reference_tokens(model_dir, reqs, 160)
+    assert set(by_prompt) == {tuple(t) for t in expected.values()}
+
+
+async def test_a_request_whose_edge_died_is_cancelled_after_the_grace_period(
+    bare: Stack,
+) -> None:
+    """A streamed request a disconnect would cancel loses its edge (SIGKILL, so no cancel is
+    sent): its worker notices no client follows the stream and cancels it."""
+    st = bare
+    st.start("worker")
+    st.start("batcher")
+    st.start("edge", TW_UNFOLLOWED_GRACE_S="2")
+    await st.wait_ready()
+    body = {
+        "model": "tokenwire-tiny",
+        "prompt": "The function",
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    async with httpx.AsyncClient(timeout=60) as http:
+        async with http.stream("POST", st.url() + "/v1/completions", json=body) as resp:
+            rid = resp.headers["x-request-id"]
+            async for line in resp.aiter_lines():
+                if line.startswith("id: 3"):
+                    break
+            st.stop("edge", signal.SIGKILL)
+    killed = time.monotonic()
+    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    try:
+        events = await wait_final(redis, st, rid, within_s=30)
+    finally:
+        await redis.aclose()
+    assert events[-1].finish_reason == FinishReason.CANCELLED
+    assert time.monotonic() - killed < 15
+    assert sum(len(e.token_ids) for e in events) < 1500
