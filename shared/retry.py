@@ -40,6 +40,14 @@ def transient_reply(reply: object) -> bool:
     return isinstance(reply, RedisReplyError) and str(reply).startswith(("OOM", "LOADING"))
 
 
+def backoff(failures: int, *, first_s: float = 0.05, cap_s: float = 2.0) -> float:
+    """Seconds to wait after ``failures`` failed tries (0: the first): doubling from
+    ``first_s`` up to ``cap_s``, each drawn from its upper half so that many clients that
+    lost one server do not retry in step."""
+    ceiling = min(cap_s, first_s * 2 ** min(failures, 30))
+    return random.uniform(ceiling / 2, ceiling)
+
+
 class Backoff:
     """Capped exponential backoff with jitter: delay ``n`` is uniform in ``[c/2, c]`` for
     ``c = min(cap, first * 2**n)`` (no retry storm when many clients lose one server)."""
@@ -49,9 +57,9 @@ class Backoff:
         self.attempt = 0
 
     def next_delay(self) -> float:
-        ceiling = min(self.cap_s, self.first_s * 2**self.attempt)
+        delay = backoff(self.attempt, first_s=self.first_s, cap_s=self.cap_s)
         self.attempt = min(self.attempt + 1, 30)
-        return random.uniform(ceiling / 2, ceiling)
+        return delay
 
     def reset(self) -> None:
         self.attempt = 0

@@ -12,11 +12,11 @@ import asyncio
 import logging
 
 from services.edge.relay import Event
-from services.edge.retry import REDIS_DOWN, backoff
 from services.edge.state import EdgeState
 from shared import token_stream
 from shared.codec import encode
 from shared.messages import CancelRequest
+from shared.retry import REDIS_DOWN, backoff
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from services.edge.errors import ApiError, unavailable
 from services.edge.metrics import EdgeMetrics
-from services.edge.retry import REDIS_DOWN
+from shared.retry import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 

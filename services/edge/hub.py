@@ -19,8 +19,8 @@ import logging
 from collections import deque
 from typing import Final
 
-from services.edge.retry import backoff
 from shared.resp import RedisReplyError, RespParser, command, connect
+from shared.retry import backoff
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.edge.retry import REDIS_DOWN
 from shared import registry
 from shared.codec import DecodeError, decode
 from shared.messages import BatcherStatus
 from shared.names import Names
+from shared.retry import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 

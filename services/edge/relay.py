@@ -20,9 +20,9 @@ import orjson
 import redis.asyncio as aioredis
 
 from services.edge.hub import RESYNC, Hub, Mailbox
-from services.edge.retry import REDIS_DOWN, backoff
 from shared import token_stream
 from shared.names import Names
+from shared.retry import REDIS_DOWN, backoff
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from services.edge.errors import ApiError, bad_request, rate_limited, unavailabl
 from services.edge.model_info import INLINE_TOKENIZE_CHARS, TemplateError
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
-from services.edge.retry import REDIS_DOWN
 from services.edge.shapes import new_request_id
 from services.edge.state import EdgeState
 from shared.codec import encode
 from shared.messages import GenerateRequest
+from shared.retry import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from services.edge.hub import RESYNC, Mailbox
 from services.edge.metrics import EdgeMetrics
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
-from services.edge.retry import backoff
 from shared.names import Names
+from shared.retry import backoff
 
 
 @pytest.mark.parametrize("resumable", [False, True])
