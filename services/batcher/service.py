@@ -152,7 +152,12 @@ class BatcherService:
         self.handoff_ms: deque[float] = deque(maxlen=100_000)
 
     async def run(self) -> None:
-        serve_metrics(self.metrics.registry, self.settings.metrics_port, self.settings.metrics_host)
+        serve_metrics(
+            self.metrics.registry,
+            self.settings.metrics_port,
+            self.settings.metrics_host,
+            readiness=lambda: {"redis": self.redis.up, "kafka": self.kafka.up},
+        )
         await self.producer.start()
         self.consumer.subscribe([self.names.requests], listener=_Rebalance(self))
         await self.consumer.start()

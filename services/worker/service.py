@@ -134,7 +134,12 @@ class WorkerService:
 
     async def run(self) -> None:
         """Serve until ``stop()``; then drain gracefully (see ``_shutdown``)."""
-        serve_metrics(self.metrics.registry, self.settings.metrics_port, self.settings.metrics_host)
+        serve_metrics(
+            self.metrics.registry,
+            self.settings.metrics_port,
+            self.settings.metrics_host,
+            readiness=lambda: {"redis": self.redis_dep.up, "kafka": self.kafka_dep.up},
+        )
         await self.runner.attach()
         await self.producer.start()
         self.consumer.subscribe([self.names.batches], listener=_Rebalance(self))

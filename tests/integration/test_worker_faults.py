@@ -234,6 +234,23 @@ async def sse_stream(http: httpx.AsyncClient, url: str, body: dict[str, object])
     raise AssertionError("the stream ended without [DONE]")
 
 
+async def readyz(http: httpx.AsyncClient, st: Stack, name: str) -> tuple[int, str]:
+    """A service's readiness status code and what it says of Redis."""
+    resp = await http.get(f"http://127.0.0.1:{st.metrics_ports[name]}/readyz")
+    return resp.status_code, resp.json()["redis"]
+
+
+async def ready_again(http: httpx.AsyncClient, st: Stack, name: str) -> tuple[int, str]:
+    """A service's readiness once every one of its Redis connections has found Redis back
+    (each retries on its own backoff, at most 2 s apart)."""
+    for _ in range(50):
+        state = await readyz(http, st, name)
+        if state[0] == 200:
+            break
+        await asyncio.sleep(0.2)
+    return state
+
+
 async def test_a_redis_restart_under_load_stops_nothing_and_loses_nothing(
     infra: dict[str, str], model_dir: str, own_redis: Server, tmp_path: Path
 ) -> None:
@@ -269,10 +286,16 @@ async def test_a_redis_restart_under_load_stops_nothing_and_loses_nothing(
             ]
             await asyncio.sleep(2.0)  # all streaming
             own_redis.stop()
-            await asyncio.sleep(3.0)
+            await asyncio.sleep(1.5)
+            during = {name: await readyz(http, st, name) for name in ("worker", "batcher")}
+            await asyncio.sleep(1.5)
             own_redis.start()
             seen = await asyncio.gather(*clients)
+            after = {name: await ready_again(http, st, name) for name in ("worker", "batcher")}
         st.check_alive()
+        for name in ("worker", "batcher"):  # the outage shows, and its end
+            assert during[name] == (503, "down"), (name, during)
+            assert after[name] == (200, "ok"), (name, after)
         for ids in seen:
             assert ids == list(range(len(ids))) and len(ids) > 1
         redis = aioredis.Redis.from_url(own_redis.url)
