@@ -1,5 +1,6 @@
-"""Turns engine outputs into wire events: contiguous ``seq`` per request, the final event
-with usage, and the completion record for Kafka reply targets."""
+"""One request as a worker holds it (``RequestState``): its phase, where it came from, and
+its stream — engine outputs turned into wire events with contiguous ``seq``, the final
+event with usage, and the completion record for Kafka reply targets."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 
 from services.worker.engine.engine import StepOutput
 from services.worker.engine.request import Status
+from services.worker.requests import Phase
 from shared.messages import (
     Completion,
     ErrorInfo,
@@ -25,24 +27,28 @@ FINISH = {
 
 
 @dataclass
-class StreamState:
-    """One request's stream as the worker writes it."""
+class RequestState:
+    """One request held by this worker, in one ``Phase`` (changed only by the worker's
+    ``RequestTable``), with its stream as the worker writes it."""
 
     request: GenerateRequest
+    partition: int  # where its batch came from (for commits and its dead letter)
+    offset: int
+    phase: Phase = Phase.RUNNING
     skip_upto: int = -1  # events up to this seq were published before (a redelivery)
     next_seq: int = 0
     pending_ids: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
-    # Outputs that arrived before the request's claim answered (it started early, see
-    # ``WorkerService._take_batch``); None once the stream is this worker's.
-    held: list[StepOutput] | None = None
-    # Where the request came from (for its dead letter, if it fails).
-    partition: int = -1
-    offset: int = -1
+    # Outputs that arrived while CLAIMING (started before its claim answered).
+    held: list[StepOutput] = field(default_factory=list)
     final: TokenEvent | None = None  # the final event, once built (published or not)
     unheard_since: float | None = None  # monotonic time since no client got its events
     cancelling: bool = False  # an abort is on its way to the engine
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
 
     def heard(self, listened: bool, now: float) -> None:
         """Note whether a client received the event just published."""

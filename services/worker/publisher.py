@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from services.worker.events import StreamState
+from services.worker.events import RequestState
 from shared import token_stream
 from shared.messages import TokenEvent
 from shared.names import Names
@@ -30,7 +30,7 @@ class EventPublisher:
         self.redis = redis
         self.conn = RespWriter(redis_url, name=name)
 
-    async def publish(self, pairs: list[tuple[StreamState, TokenEvent]]) -> None:
+    async def publish(self, pairs: list[tuple[RequestState, TokenEvent]]) -> None:
         """Append and publish ``pairs``' events, waiting out a Redis outage; then note on
         each stream whether any client received its event."""
         if not pairs:

@@ -1,0 +1,101 @@
+"""What every part of a worker shares: its settings, its clients, its dependencies' state
+and the one table of the requests it holds. Built once by ``WorkerService``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from services.worker.claims import Claims
+from services.worker.config import WorkerSettings
+from services.worker.events import RequestState
+from services.worker.metrics import WorkerMetrics
+from services.worker.offsets import OffsetTracker
+from services.worker.publisher import EventPublisher
+from services.worker.requests import RequestTable
+from services.worker.runtime import EngineProcess
+from shared.codec import encode
+from shared.dead_letters import dead_letter_key
+from shared.kafka_io import make_consumer, make_producer
+from shared.messages import DeadLetter
+from shared.names import Names
+from shared.retry import KAFKA_DOWN, Dependency
+
+log = logging.getLogger("services.worker.service")
+
+
+@dataclass
+class WorkerContext:
+    """The worker's shared state. ``table`` holds every request the worker has taken and
+    not yet settled, handed back or left to another worker."""
+
+    settings: WorkerSettings
+    runner: EngineProcess
+    tokenizer: Any
+    metrics: WorkerMetrics
+    redis_dep: Dependency
+    kafka_dep: Dependency
+    redis: aioredis.Redis
+    publisher: EventPublisher
+    claims: Claims
+    producer: AIOKafkaProducer
+    consumer: AIOKafkaConsumer
+    offsets: OffsetTracker = field(default_factory=OffsetTracker)
+    table: RequestTable[RequestState] = field(default_factory=RequestTable[RequestState])
+    assigned_at: dict[int, float] = field(default_factory=dict)  # partition → when assigned
+    nudge: asyncio.Event = field(default_factory=asyncio.Event)  # capacity freed: beat now
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # nothing in the engine
+    finals: asyncio.Queue[list[RequestState]] = field(default_factory=asyncio.Queue)
+
+    @property
+    def names(self) -> Names:
+        return self.settings.names
+
+    @classmethod
+    def build(
+        cls, settings: WorkerSettings, runner: EngineProcess, tokenizer: Any
+    ) -> WorkerContext:
+        metrics = WorkerMetrics(settings.worker_id)
+        redis_dep = Dependency("redis", log, metrics.deps)
+        wid = settings.worker_id
+        return cls(
+            settings=settings,
+            runner=runner,
+            tokenizer=tokenizer,
+            metrics=metrics,
+            redis_dep=redis_dep,
+            kafka_dep=Dependency("kafka", log, metrics.deps),
+            redis=aioredis.Redis.from_url(settings.redis_url),
+            # Token events (nearly all of this worker's Redis traffic) and the claims bypass
+            # redis-py, each on a connection of its own.
+            publisher=EventPublisher(
+                settings.redis_url, settings.names, name=f"tw-worker-{wid}", redis=redis_dep
+            ),
+            claims=Claims(settings.redis_url, settings.names, wid, settings.claim_ttl_s),
+            producer=make_producer(settings, client_id=wid),
+            consumer=make_consumer(
+                settings,
+                group_id=settings.names.worker_group,
+                client_id=wid,
+                session_timeout_ms=settings.session_timeout_ms,
+            ),
+        )
+
+    def left_engine(self, st: RequestState) -> None:
+        """``st`` no longer runs here (finished, withdrawn, handed back or lost)."""
+        self.nudge.set()
+        if self.table.engine_count == 0:
+            self.idle.set()
+
+    async def send_dead_letter(self, letter: DeadLetter) -> None:
+        """Write a dead letter, waiting out a Kafka outage."""
+        data, key = encode(letter), dead_letter_key(letter)
+        await self.kafka_dep.call(
+            lambda: self.producer.send_and_wait(self.names.requests_dlq, data, key=key),
+            KAFKA_DOWN,
+        )

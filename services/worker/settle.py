@@ -1,0 +1,138 @@
+"""Ended requests settled, in the order a crash can never undo: each one's Kafka completion
+and dead letter are acknowledged, then its claim is released with its done marker, then
+its batch's offset may be committed. Off the publishing path: token events never wait on
+Kafka acks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+
+from services.worker.context import WorkerContext
+from services.worker.events import RequestState
+from shared.codec import encode
+from shared.dead_letters import dead_letter
+from shared.messages import DeadLetter, TokenEvent
+from shared.retry import KAFKA_DOWN, REDIS_DOWN
+
+log = logging.getLogger("services.worker.service")
+
+
+class Settler:
+    """Takes ended requests from ``ctx.finals`` and settles them."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+
+    async def run(self) -> None:
+        finals = self.ctx.finals
+        while True:
+            ended = await finals.get()
+            got = 1
+            while not finals.empty():  # catch up in one round trip
+                ended += finals.get_nowait()
+                got += 1
+            try:
+                await self.settle(ended)
+            finally:
+                for _ in range(got):
+                    finals.task_done()
+
+    async def settle(self, ended: list[RequestState]) -> None:
+        ctx = self.ctx
+        await self._send_completions([st for st in ended if _owes_completion(st)])
+        for st in ended:
+            if st.final is not None and st.final.error is not None:
+                ctx.metrics.failures.labels(st.final.error.code).inc()
+                await ctx.send_dead_letter(self._letter_of(st, st.final))
+        rids = [st.request_id for st in ended]
+        ttl = ctx.settings.done_ttl_s
+        await ctx.redis_dep.call(
+            lambda: ctx.claims.release(rids, "done", done_ttl_s=ttl), REDIS_DOWN
+        )
+        for st in ended:
+            ctx.table.drop(st)
+            ctx.offsets.done(st.request_id)
+        await self.commit()
+
+    async def _send_completions(self, ended: list[RequestState]) -> None:
+        """Each request's ``Completion`` to its reply topic, waiting out a Kafka outage;
+        one that cannot be delivered at all is dead-lettered."""
+        ctx = self.ctx
+        pending = ended
+        while pending:
+            results = await asyncio.gather(
+                *(self._send_completion(st) for st in pending), return_exceptions=True
+            )
+            retry: list[RequestState] = []
+            outage: BaseException | None = None
+            for st, res in zip(pending, results, strict=True):
+                if isinstance(res, KAFKA_DOWN):
+                    retry.append(st)
+                    outage = res
+                elif isinstance(res, KafkaError):
+                    await self._undeliverable(st, res)
+                elif isinstance(res, BaseException):
+                    raise res
+            if outage is not None:
+                await asyncio.sleep(ctx.kafka_dep.failed(outage))
+            else:
+                ctx.kafka_dep.answered()
+            pending = retry
+
+    async def _send_completion(self, st: RequestState) -> None:
+        topic, final = st.request.reply.kafka_topic, st.final
+        assert topic is not None and final is not None
+        record = encode(st.completion(final, self.ctx.settings.worker_id))
+        await (await self.ctx.producer.send(topic, record, key=st.request_id.encode()))
+
+    async def _undeliverable(self, st: RequestState, exc: KafkaError) -> None:
+        self.ctx.metrics.handled_errors.labels("completion").inc()
+        log.warning("completion undeliverable: %r", exc, extra={"request_id": st.request_id})
+        assert st.final is not None
+        letter = self._letter_of(st, st.final, "completion_undeliverable", repr(exc))
+        await self.ctx.send_dead_letter(letter)
+
+    def _letter_of(
+        self, st: RequestState, final: TokenEvent, reason: str | None = None, detail: str = ""
+    ) -> DeadLetter:
+        err = final.error
+        return dead_letter(
+            reason=reason or (err.code if err else "error"),
+            detail=detail or (err.message if err else ""),
+            topic=self.ctx.names.batches,
+            partition=st.partition,
+            offset=st.offset,
+            key=st.request_id,
+            value=encode(st.request),
+            request_id=st.request_id,
+        )
+
+    async def commit(self) -> None:
+        """Commit the batches whose requests are all settled; a failed commit (a rebalance
+        in flight, Kafka away) is offered again with the next one."""
+        ctx = self.ctx
+        offsets = ctx.offsets.committable()
+        if not offsets:
+            return
+        try:
+            await ctx.consumer.commit(
+                {TopicPartition(ctx.names.batches, p): o for p, o in offsets.items()}
+            )
+        except KafkaError as exc:
+            ctx.offsets.not_committed(offsets)
+            ctx.metrics.handled_errors.labels("commit").inc()
+            log.warning("commit of %s failed, retried later: %r", offsets, exc)
+
+
+REPLY_TOPIC_NOT_FOUND = "reply_topic_not_found"
+
+
+def _owes_completion(st: RequestState) -> bool:
+    """Whether a completion goes to the request's reply topic (none when that topic is
+    what failed it)."""
+    err = st.final.error if st.final is not None else None
+    return bool(st.request.reply.kafka_topic) and not (err and err.code == REPLY_TOPIC_NOT_FOUND)

@@ -1,0 +1,130 @@
+"""The worker's per-request state machine on plain data, and the order in which ended
+requests are settled, with hand-written fakes of Kafka and of the claims."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiokafka.errors import KafkaConnectionError
+
+from services.worker.config import WorkerSettings
+from services.worker.context import WorkerContext
+from services.worker.events import RequestState
+from services.worker.metrics import WorkerMetrics
+from services.worker.requests import IllegalTransition, Phase, RequestTable
+from services.worker.settle import Settler
+from shared.messages import GenerateRequest, ReplyTarget, error_event
+from shared.retry import Dependency
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@dataclass
+class Item:
+    request_id: str
+    phase: Phase
+    partition: int = 0
+
+
+def test_phases_change_only_along_their_transitions() -> None:
+    table: RequestTable[Item] = RequestTable()
+    a = Item("a", Phase.CLAIMING)
+    table.add(a)
+    with pytest.raises(IllegalTransition):
+        table.add(Item("a", Phase.DEFERRED))  # one state per request
+    with pytest.raises(IllegalTransition):
+        table.move(a, Phase.SETTLING)  # held outputs are released first
+    table.move(a, Phase.RUNNING)
+    assert table.engine_count == 1
+    table.move(a, Phase.DEFERRED)  # its claim was taken elsewhere
+    assert table.engine_count == 0
+    table.move(a, Phase.CLAIMED)  # that worker died: ours now
+    table.move(a, Phase.SETTLING)  # e.g. cancelled meanwhile
+    with pytest.raises(IllegalTransition):
+        table.move(a, Phase.RUNNING)  # an ended request never runs again
+    stranger = Item("a", Phase.SETTLING)
+    assert not table.drop(stranger) and "a" in table  # only the held state itself
+    assert table.drop(a) and "a" not in table and len(table) == 0
+
+
+def _ctx(producer: Any, claims: Any, consumer: Any) -> WorkerContext:
+    settings = WorkerSettings(model_dir="/nonexistent", worker_id="w")
+    metrics = WorkerMetrics("w")
+    return WorkerContext(
+        settings=settings,
+        runner=None,  # type: ignore[arg-type]
+        tokenizer=None,
+        metrics=metrics,
+        redis_dep=Dependency("redis", logging.getLogger("test")),
+        kafka_dep=Dependency("kafka", logging.getLogger("test")),
+        redis=None,  # type: ignore[arg-type]
+        publisher=None,  # type: ignore[arg-type]
+        claims=claims,
+        producer=producer,
+        consumer=consumer,
+    )
+
+
+class FakeProducer:
+    """Kafka refusing the first ``down`` sends as a broker that went away would."""
+
+    def __init__(self, log: list[Any], down: int = 0) -> None:
+        self.log, self.down = log, down
+
+    async def send(self, topic: str, value: bytes, key: bytes | None = None) -> Any:
+        if self.down:
+            self.down -= 1
+            raise KafkaConnectionError("broker away")
+        self.log.append(("completion", topic))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self.log.append(("dead_letter", topic))
+
+
+class FakeClaims:
+    def __init__(self, log: list[Any]) -> None:
+        self.log = log
+
+    async def release(self, rids: list[str], how: str, *, done_ttl_s: int = 0) -> None:
+        self.log.append(("release", how, tuple(sorted(rids))))
+
+
+class FakeConsumer:
+    def __init__(self, log: list[Any]) -> None:
+        self.log = log
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        self.log.append(("commit", sorted(o for o in offsets.values())))
+
+
+async def test_done_markers_wait_for_completions_and_dead_letters_even_through_an_outage() -> None:
+    log: list[Any] = []
+    ctx = _ctx(FakeProducer(log, down=2), FakeClaims(log), FakeConsumer(log))
+    ok = RequestState(
+        GenerateRequest(prompt="p", reply=ReplyTarget(kafka_topic="out")), 0, 7, Phase.RUNNING
+    )
+    bad = RequestState(GenerateRequest(prompt="q"), 0, 7, Phase.RUNNING)
+    for st in (ok, bad):
+        ctx.table.add(st)
+        ctx.table.move(st, Phase.SETTLING)
+    ok.final = error_event(ok.request_id, 3, "x", "y").model_copy(
+        update={"error": None, "finish_reason": "stop"}
+    )
+    bad.final = error_event(bad.request_id, 0, "engine_error", "boom")
+    ctx.offsets.add(0, 7, [ok.request_id, bad.request_id])
+    await Settler(ctx).settle([ok, bad])
+    assert log == [
+        ("completion", "out"),  # after two refused tries
+        ("dead_letter", ctx.names.requests_dlq),
+        ("release", "done", tuple(sorted([ok.request_id, bad.request_id]))),
+        ("commit", [8]),
+    ]
+    assert len(ctx.table) == 0
+    assert not ctx.kafka_dep.down_since  # the outage was recorded and is over
