@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from typing import Any
+
+from aiokafka.structs import ConsumerRecord
 
 from shared.messages import DeadLetter
 
@@ -49,6 +52,22 @@ def dead_letter(
         original_sha256=hashlib.sha256(raw).hexdigest(),
         truncated=len(head) < len(raw),
         request_id=None if request_id is None else _text(request_id, SHORT_CHARS),
+    )
+
+
+def dead_letter_of_record(
+    record: ConsumerRecord[Any, Any], reason: str, detail: str, request_id: str | None
+) -> DeadLetter:
+    """The dead letter of a Kafka record as it was consumed."""
+    return dead_letter(
+        reason=reason,
+        detail=detail,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key,
+        value=record.value,
+        request_id=request_id,
     )
 
 

@@ -22,7 +22,7 @@ from services.batcher.links import Gate, RedisAway, RedisLink, note_kafka_error
 from services.batcher.metrics import BatcherMetrics
 from shared import token_stream
 from shared.codec import DecodeError, decode, encode
-from shared.dead_letters import dead_letter, dead_letter_key
+from shared.dead_letters import dead_letter_key, dead_letter_of_record
 from shared.messages import DeadLetter, TokenEvent, error_event
 from shared.names import Names
 
@@ -46,18 +46,7 @@ class Rejected:
     def of(
         cls, msg: ConsumerRecord[Any, Any], reason: str, detail: str, rid: str | None
     ) -> Rejected:
-        return cls(
-            dead_letter(
-                reason=reason,
-                detail=detail,
-                topic=msg.topic,
-                partition=msg.partition,
-                offset=msg.offset,
-                key=msg.key,
-                value=msg.value,
-                request_id=rid,
-            )
-        )
+        return cls(dead_letter_of_record(msg, reason, detail, rid))
 
     @property
     def tp(self) -> TopicPartition:

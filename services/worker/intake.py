@@ -23,7 +23,7 @@ from services.worker.output import Output
 from services.worker.requests import Phase
 from services.worker.settle import REPLY_TOPIC_NOT_FOUND
 from shared.codec import DecodeError, decode
-from shared.dead_letters import dead_letter
+from shared.dead_letters import dead_letter_of_record
 from shared.messages import Batch, FinishReason, GenerateRequest, Priority, TokenEvent
 from shared.prompts import prompt_token_ids
 from shared.retry import REDIS_DOWN
@@ -75,17 +75,7 @@ class Intake:
             # Batches come from our own batchers; a bad one is dead-lettered and skipped.
             log.error("undecodable batch at %s:%s: %s", tp, msg.offset, exc)
             ctx.offsets.add(tp.partition, msg.offset, [])
-            letter = dead_letter(
-                reason=exc.reason,
-                detail=exc.detail,
-                topic=tp.topic,
-                partition=tp.partition,
-                offset=msg.offset,
-                key=msg.key,
-                value=msg.value,
-                request_id=None,
-            )
-            await ctx.send_dead_letter(letter)
+            await ctx.send_dead_letter(dead_letter_of_record(msg, exc.reason, exc.detail, None))
             return
         reqs = batch.requests
         ctx.offsets.add(tp.partition, msg.offset, [r.request_id for r in reqs])
