@@ -234,6 +234,74 @@ def cmd_bench_e2e(args: argparse.Namespace) -> None:
     run(env, model_dir, f"tokenwire-{args.preset}", cfg, Path(args.out))
 
 
+def cmd_chaos(args: argparse.Namespace) -> None:
+    from services.chaos.report import render_table, to_json
+    from services.chaos.runner import run
+    from services.chaos.stack import ChaosError, Stack
+
+    setup_logging("chaos", "WARNING")
+    try:
+        stack = Stack.from_environ()
+        rows = asyncio.run(run(stack, args.scenarios, args.streams, args.max_tokens, args.settle))
+    except ChaosError as exc:
+        sys.exit(f"tokenwire chaos: {exc}")
+    print(to_json(rows) if args.json else render_table(rows))
+    if not all(r.clean for r in rows):
+        sys.exit(1)
+
+
+def _scenario_list(value: str) -> list[str]:
+    from services.chaos import SCENARIOS
+
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown scenario {', '.join(unknown) or '(none)'}; choose from {', '.join(SCENARIOS)}"
+        )
+    return names
+
+
+def _add_chaos_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from services.chaos import SCENARIOS
+
+    listing = "; ".join(f"{name}: {about}" for name, about in SCENARIOS.items())
+    c = sub.add_parser(
+        "chaos",
+        help="fault scenarios against the running stack, as one table",
+        description="Runs fault scenarios against the stack that infra/stack.sh started with "
+        "this environment (TW_STACK, TW_RUN_DIR, ports, TW_TOPIC_PREFIX) and prints, per "
+        "scenario: requests, completed, lost, duplicated, process exits (besides the one a "
+        "kill scenario causes) and the longest stall of a running stream. Exits 1 unless "
+        "every row has 0 lost, 0 duplicated and 0 exits. It stops and starts the stack's "
+        "Kafka and Redis: never point it at a stack others use.",
+    )
+    c.add_argument(
+        "--scenarios",
+        type=_scenario_list,
+        default=list(SCENARIOS),
+        metavar="NAME[,NAME...]",
+        help=f"the scenarios to run, in order (default: all). {listing}",
+    )
+    c.add_argument(
+        "--streams", type=int, default=8, help="concurrent streaming clients (default: 8)"
+    )
+    c.add_argument(
+        "--max-tokens",
+        type=int,
+        default=16,
+        help="tokens of each greedy load request (default: 16)",
+    )
+    c.add_argument(
+        "--settle",
+        type=float,
+        default=5.0,
+        help="seconds the load runs on after each fault before it stops (default: 5)",
+    )
+    c.add_argument("--json", action="store_true", help="print the rows as JSON, not a table")
+    c.set_defaults(fn=cmd_chaos)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -302,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--model", default="tokenwire-tiny")
     a.add_argument("--max-tokens", type=int, default=64)
     a.set_defaults(fn=cmd_ask)
+    _add_chaos_parser(sub)
     return p
 
 
