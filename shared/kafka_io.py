@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.protocol.metadata import MetadataRequest
 
 from shared.settings import CommonSettings
 
@@ -24,6 +27,11 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # most MAX_VALUE_BYTES always fits in one message.
 RECORD_OVERHEAD_BYTES = 4096
 MAX_VALUE_BYTES = MAX_MESSAGE_BYTES - RECORD_OVERHEAD_BYTES
+
+
+# How often a probe asks Kafka whether it answers, and how long it waits for the answer.
+PROBE_INTERVAL_S = 1.0
+PROBE_TIMEOUT_S = 2.0
 
 
 def make_producer(
@@ -110,3 +118,90 @@ async def ensure_topics(
     finally:
         await admin.close()
     return created
+
+
+class Outages(Protocol):
+    """What a probe reports to: a dependency's record of whether it answers."""
+
+    def failed(self, exc: BaseException) -> object: ...
+
+    def answered(self) -> None: ...
+
+
+class KafkaProbe:
+    """Whether Kafka serves the topics a service writes, asked every ``interval_s`` over a
+    started producer's connections (its ``client``) and reported to ``outages``:
+    served when a broker answers a metadata request for them and each of their partitions
+    has a leader. A service learns of an outage within seconds even while it sends
+    nothing (its producer retries a send for as long as Kafka is away, so a send alone
+    reports an outage late or never), and of its end as soon as the topics are served.
+
+    The answer is read into a cluster view of the probe's own, never the client's: a view
+    taken while a broker shuts down shows its partitions without a leader, and an aiokafka
+    producer holding such a view asks for metadata again, without pause, until a broker
+    answers (a busy loop for the whole outage)."""
+
+    def __init__(
+        self,
+        producer: Any,
+        topics: Sequence[str],
+        outages: Outages,
+        *,
+        interval_s: float = PROBE_INTERVAL_S,
+        timeout_s: float = PROBE_TIMEOUT_S,
+    ) -> None:
+        self._producer = producer
+        self._topics = list(topics)
+        self._outages = outages
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="kafka-probe")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def probe(self) -> bool:
+        """Ask once and report the answer; True when the topics are served."""
+        try:
+            unserved = await asyncio.wait_for(self._unserved(), self._timeout_s)
+        except TimeoutError:
+            unserved = f"no broker answered within {self._timeout_s:g} s"
+        if unserved is None:
+            self._outages.answered()
+            return True
+        self._outages.failed(KafkaConnectionError(unserved))
+        return False
+
+    async def _unserved(self) -> str | None:
+        """Why the topics are not served now, or None when they are."""
+        request = MetadataRequest(self._topics, allow_auto_topic_creation=False)
+        client = self._producer.client
+        for broker in client.cluster.brokers():
+            try:
+                response = await client.send(broker.nodeId, request)
+            except KafkaError as exc:  # this broker is away; another may answer
+                log.debug("metadata probe of broker %s failed: %r", broker.nodeId, exc)
+                continue
+            view = ClusterMetadata()
+            view.update_metadata(response)
+            leaderless = [t for t in self._topics if not _led(view, t)]
+            return f"no leader for {', '.join(leaderless)}" if leaderless else None
+        return "no broker answered a metadata request"
+
+    async def _run(self) -> None:
+        while True:
+            await self.probe()
+            await asyncio.sleep(self._interval_s)
+
+
+def _led(view: Any, topic: str) -> bool:
+    """Whether ``view`` (a ClusterMetadata) knows ``topic`` and a leader for each partition."""
+    partitions = view.partitions_for_topic(topic)
+    return bool(partitions) and all(
+        view.leader_for_partition(TopicPartition(topic, p)) not in (None, -1) for p in partitions
+    )

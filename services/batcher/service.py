@@ -44,7 +44,7 @@ from services.batcher.window import WindowPolicy
 from shared import registry
 from shared.codec import DecodeError, decode, encode
 from shared.dead_letters import dead_letter
-from shared.kafka_io import make_consumer, make_producer
+from shared.kafka_io import KafkaProbe, make_consumer, make_producer
 from shared.messages import Batch, BatcherStatus, GenerateRequest, Priority, WorkerHeartbeat
 from shared.metrics import serve_metrics
 from shared.names import Names
@@ -127,6 +127,12 @@ class BatcherService:
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings, group_id=self.names.batcher_group, client_id=settings.batcher_id
         )
+        # Sends report Kafka's state too, but a send waits out an outage (up to the request
+        # timeout before it counts as one): the probe reports it within seconds, sending or
+        # not, and its end as soon as a broker answers.
+        self.kafka_probe = KafkaProbe(
+            self.producer, [self.names.batches, self.names.requests_dlq], self.kafka
+        )
         self.rejects = Rejects(self.producer, self.kafka, self.redis, self.names, self.metrics)
         self._request_room = request_room(settings.batcher_id)
         self.queue: FairQueue[Pending] = FairQueue(quantum=settings.fair_quantum_tokens)
@@ -159,6 +165,7 @@ class BatcherService:
             readiness=lambda: {"redis": self.redis.up, "kafka": self.kafka.up},
         )
         await self.producer.start()
+        self.kafka_probe.start()
         self.consumer.subscribe([self.names.requests], listener=_Rebalance(self))
         await self.consumer.start()
         try:
@@ -166,6 +173,7 @@ class BatcherService:
                 await self._tick()
             await self._hand_off()
         finally:
+            await self.kafka_probe.stop()
             await self.consumer.stop()
             await self.producer.stop()
             await self._withdraw()

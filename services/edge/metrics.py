@@ -6,6 +6,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from shared.retry import DependencyMetrics
+
 __all__ = ["CONTENT_TYPE_LATEST", "EdgeMetrics"]
 
 
@@ -39,6 +41,8 @@ class EdgeMetrics:
         self.redis_up = Gauge(
             "tw_edge_redis_up", "1 while Redis answers this edge's probe, else 0", registry=r
         )
+        # Kafka's state as this edge's probe sees it (tw_edge_dependency_up{dependency="kafka"}).
+        self.dependencies = DependencyMetrics(r, "edge")
         self.redis_retries = Counter(
             "tw_edge_redis_retries",
             "Redis calls tried again because Redis was away",

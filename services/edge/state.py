@@ -23,8 +23,9 @@ from services.edge.metrics import EdgeMetrics
 from services.edge.model_info import ModelInfo
 from services.edge.ratelimit import RateLimiter
 from services.edge.relay import EventStream
-from shared.kafka_io import make_producer
+from shared.kafka_io import KafkaProbe, make_producer
 from shared.names import Names
+from shared.retry import Dependency
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,10 @@ class EdgeState:
     model: ModelInfo
     metrics: EdgeMetrics
     health: RedisHealth
+    # Whether Kafka answers: a gauge and a log line per outage for operators (a request
+    # Kafka does not take in time is refused on its own, with 503 queue_unavailable).
+    kafka: Dependency
+    kafka_probe: KafkaProbe
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @property
@@ -71,17 +76,19 @@ class EdgeState:
         redis = redis_client(settings)
         names = settings.names
         hub = Hub(settings.redis_url, name=f"tw-edge:{names.prefix}:{os.getpid()}")
+        # Each request is sent alone and waited for: lingering would only add latency (the
+        # batcher does the batching).
+        producer = make_producer(
+            settings,
+            client_id="edge",
+            linger_ms=0,
+            request_timeout_ms=settings.kafka_request_timeout_ms,
+        )
+        kafka = Dependency("kafka", log, metrics.dependencies)
         return cls(
             settings=settings,
             redis=redis,
-            # Each request is sent alone and waited for: lingering would only add latency
-            # (the batcher does the batching).
-            producer=make_producer(
-                settings,
-                client_id="edge",
-                linger_ms=0,
-                request_timeout_ms=settings.kafka_request_timeout_ms,
-            ),
+            producer=producer,
             hub=hub,
             keys=KeyStore(
                 redis,
@@ -96,10 +103,13 @@ class EdgeState:
             model=ModelInfo.load(settings.model_dir),
             metrics=metrics,
             health=RedisHealth(redis, lambda: hub.connected, metrics),
+            kafka=kafka,
+            kafka_probe=KafkaProbe(producer, [names.requests], kafka),
         )
 
     async def start(self) -> None:
         await self.producer.start()
+        self.kafka_probe.start()
         await self.hub.start()
         self.load.start()
         self.health.start()
@@ -113,6 +123,7 @@ class EdgeState:
         await self.health.stop()
         await self.load.stop()
         await self.hub.stop()
+        await self.kafka_probe.stop()
         await self.producer.stop()
         await self.redis.aclose()
 
