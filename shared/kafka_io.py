@@ -10,7 +10,13 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.cluster import ClusterMetadata
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    OutOfOrderSequenceNumber,
+    TopicAlreadyExistsError,
+    UnknownProducerId,
+)
 from aiokafka.protocol.metadata import MetadataRequest
 
 from shared.settings import CommonSettings
@@ -53,6 +59,121 @@ def make_producer(
         max_request_size=MAX_MESSAGE_BYTES,
         request_timeout_ms=request_timeout_ms,
     )
+
+
+# What a broker answers an idempotent producer it will never take another batch from on
+# that partition. aiokafka (0.14) gives a batch its sequence number when the batch first
+# leaves its queue and never takes the number back, so a batch that then fails (one that
+# expired while its partition had no known leader, as after a cluster view read while the
+# partition's only broker shut down) leaves a gap: the broker refuses every later batch
+# for the partition as out of order. Only a new producer (a new producer id) gets past it.
+REFUSED_FOR_GOOD: tuple[type[KafkaError], ...] = (OutOfOrderSequenceNumber, UnknownProducerId)
+
+
+class RenewingProducer:
+    """``make_producer``'s producer, replaced by a new one as soon as a send fails with
+    ``REFUSED_FOR_GOOD``: that send fails as any failed send does (its caller answers or
+    retries as usual), and later sends go through the new producer. Sends made while the
+    replacement starts wait for it. Hand this object, not its current producer, to what
+    sends or asks for metadata (``client`` is always the current producer's)."""
+
+    def __init__(
+        self,
+        settings: CommonSettings,
+        *,
+        client_id: str,
+        linger_ms: int = 2,
+        request_timeout_ms: int = 30_000,
+    ) -> None:
+        self._settings = settings
+        self._options: dict[str, Any] = {
+            "client_id": client_id,
+            "linger_ms": linger_ms,
+            "request_timeout_ms": request_timeout_ms,
+        }
+        self._current = make_producer(settings, **self._options)
+        self._renewing: asyncio.Task[None] | None = None
+        self._retired: set[asyncio.Task[None]] = set()
+        self.renewals = 0
+
+    @property
+    def client(self) -> Any:
+        return self._current.client
+
+    async def start(self) -> None:
+        await self._current.start()
+
+    async def stop(self) -> None:
+        """Stop the current producer (it flushes what it holds) and any being retired."""
+        if self._renewing is not None:  # it may be waiting for Kafka: not at shutdown
+            self._renewing.cancel()
+            await asyncio.gather(self._renewing, return_exceptions=True)
+        await asyncio.gather(*self._retired, return_exceptions=True)
+        await self._current.stop()
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+    ) -> asyncio.Future[Any]:
+        """Queue a record; returns the future of its acknowledgement (as aiokafka's)."""
+        if self._renewing is not None:
+            await asyncio.shield(self._renewing)
+        producer = self._current
+        ack: asyncio.Future[Any] = await producer.send(topic, value, key=key, partition=partition)
+        ack.add_done_callback(lambda done: self._check(producer, done))
+        return ack
+
+    async def send_and_wait(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+    ) -> Any:
+        return await (await self.send(topic, value, key=key, partition=partition))
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        partitions: set[int] = await self._current.partitions_for(topic)
+        return partitions
+
+    def _check(self, producer: AIOKafkaProducer, ack: asyncio.Future[Any]) -> None:
+        if ack.cancelled():
+            return
+        exc = ack.exception()
+        refused = isinstance(exc, REFUSED_FOR_GOOD)
+        if refused and producer is self._current and self._renewing is None:
+            log.warning("Kafka refuses this producer for good (%r): replacing it", exc)
+            self._renewing = asyncio.create_task(self._renew(producer), name="producer-renewal")
+
+    async def _renew(self, old: AIOKafkaProducer) -> None:
+        """Start a new producer (Kafka answered the refusal, so it is there: a start that
+        fails anyway is tried again with backoff), then retire the old one."""
+        delay = 0.1
+        while True:
+            new = make_producer(self._settings, **self._options)
+            try:
+                await new.start()
+                break
+            except KafkaError as exc:
+                log.warning("new producer not started (%r): trying again", exc)
+                await new.stop()
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)
+            except asyncio.CancelledError:
+                await new.stop()
+                raise
+        self._current = new
+        self.renewals += 1
+        self._renewing = None
+        # The old producer still delivers what it holds for other partitions.
+        retiring = asyncio.create_task(old.stop(), name="producer-retirement")
+        self._retired.add(retiring)
+        retiring.add_done_callback(self._retired.discard)
 
 
 def make_consumer(
@@ -150,7 +271,7 @@ class KafkaProbe:
         interval_s: float = PROBE_INTERVAL_S,
         timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
-        self._producer = producer
+        self._producer = producer  # a RenewingProducer's client changes: read it each time
         self._topics = list(topics)
         self._outages = outages
         self._interval_s = interval_s

@@ -19,6 +19,7 @@ from prometheus_client import Counter
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from shared.kafka_io import REFUSED_FOR_GOOD
 from shared.retry import KAFKA_DOWN, REDIS_DOWN, Dependency, DependencyMetrics
 
 T = TypeVar("T")
@@ -94,9 +95,19 @@ class RedisLink:
 
 def ridden_out(exc: KafkaError) -> bool:
     """Whether a Kafka error is one to wait out and retry: the broker away, slow or moving
-    leaders, or a consumer-group rebalance that failed a commit. Anything else (a refused
+    leaders, a consumer-group rebalance that failed a commit, or a producer refused for
+    good (it is replaced, so the retry goes through). Anything else (a refused
     authorization, a fenced producer) is a configuration error or a bug."""
-    return exc.retriable or isinstance(exc, (*KAFKA_DOWN, CommitFailedError, IllegalStateError))
+    return exc.retriable or isinstance(
+        exc, (*KAFKA_DOWN, *REFUSED_FOR_GOOD, CommitFailedError, IllegalStateError)
+    )
+
+
+def kafka_failed(gate: Gate, exc: KafkaError) -> None:
+    """Close Kafka's gate after a failed call, unless Kafka answered it: a producer
+    refused for good is replaced, and Kafka itself is there."""
+    if not isinstance(exc, REFUSED_FOR_GOOD):
+        gate.failed(exc)
 
 
 def note_kafka_error(

@@ -14,15 +14,16 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from services.batcher.links import Gate, RedisAway, RedisLink, note_kafka_error
+from services.batcher.links import Gate, RedisAway, RedisLink, kafka_failed, note_kafka_error
 from services.batcher.metrics import BatcherMetrics
 from shared import token_stream
 from shared.codec import DecodeError, decode, encode
 from shared.dead_letters import dead_letter_key, dead_letter_of_record
+from shared.kafka_io import RenewingProducer
 from shared.messages import DeadLetter, TokenEvent, error_event
 from shared.names import Names
 
@@ -66,7 +67,7 @@ class Rejects:
 
     def __init__(
         self,
-        producer: AIOKafkaProducer,
+        producer: RenewingProducer,
         kafka: Gate,
         redis: RedisLink,
         names: Names,
@@ -123,7 +124,7 @@ class Rejects:
 
     def _failed(self, exc: KafkaError, r: Rejected) -> None:
         note_kafka_error(self.metrics.kafka_errors, "dead_letter", exc, r.letter.request_id)
-        self.kafka.failed(exc)
+        kafka_failed(self.kafka, exc)
 
     async def _notify(self, todo: list[Rejected]) -> None:
         for r, rid in [(r, r.letter.request_id) for r in todo if r.letter.request_id]:

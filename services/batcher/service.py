@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
@@ -35,7 +35,13 @@ from aiokafka.structs import ConsumerRecord
 
 from services.batcher.config import BatcherSettings
 from services.batcher.fair_queue import FairQueue, Queued
-from services.batcher.links import Gate, RedisAway, RedisLink, note_kafka_error
+from services.batcher.links import (
+    Gate,
+    RedisAway,
+    RedisLink,
+    kafka_failed,
+    note_kafka_error,
+)
 from services.batcher.metrics import BatcherMetrics
 from services.batcher.rejects import Rejected, Rejects
 from services.batcher.routing import Router, RoutingMode, WorkerView, partition_for
@@ -44,7 +50,7 @@ from services.batcher.window import WindowPolicy
 from shared import registry
 from shared.codec import DecodeError, decode, encode
 from shared.dead_letters import dead_letter
-from shared.kafka_io import KafkaProbe, make_consumer, make_producer
+from shared.kafka_io import KafkaProbe, RenewingProducer, make_consumer
 from shared.messages import Batch, BatcherStatus, GenerateRequest, Priority, WorkerHeartbeat
 from shared.metrics import serve_metrics
 from shared.names import Names
@@ -118,7 +124,7 @@ class BatcherService:
         self.redis = RedisLink(settings.redis_url, self.metrics.dependencies)
         self.kafka = Gate(Dependency("kafka", log, self.metrics.dependencies))
         # Batching is this service's own job: the producer sends at once (no linger).
-        self.producer: AIOKafkaProducer = make_producer(
+        self.producer = RenewingProducer(
             settings,
             client_id=settings.batcher_id,
             linger_ms=0,
@@ -452,7 +458,7 @@ class BatcherService:
             self.rejects.add([q.item.rejected("too_large", detail) for q in items])
             return
         note_kafka_error(self.metrics.kafka_errors, "batch", exc, first)
-        self.kafka.failed(exc)
+        kafka_failed(self.kafka, exc)
         mine = self.consumer.assignment()
         back = [q for q in items if q.item.tp in mine]
         self.queue.requeue(back)

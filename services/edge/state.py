@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaProducer
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
@@ -23,7 +22,7 @@ from services.edge.metrics import EdgeMetrics
 from services.edge.model_info import ModelInfo
 from services.edge.ratelimit import RateLimiter
 from services.edge.relay import EventStream
-from shared.kafka_io import KafkaProbe, make_producer
+from shared.kafka_io import KafkaProbe, RenewingProducer
 from shared.names import Names
 from shared.retry import Dependency
 
@@ -53,7 +52,7 @@ class EdgeState:
 
     settings: EdgeSettings
     redis: aioredis.Redis
-    producer: AIOKafkaProducer
+    producer: RenewingProducer
     hub: Hub
     keys: KeyStore
     limiter: RateLimiter
@@ -78,7 +77,7 @@ class EdgeState:
         hub = Hub(settings.redis_url, name=f"tw-edge:{names.prefix}:{os.getpid()}")
         # Each request is sent alone and waited for: lingering would only add latency (the
         # batcher does the batching).
-        producer = make_producer(
+        producer = RenewingProducer(
             settings,
             client_id="edge",
             linger_ms=0,
