@@ -11,6 +11,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
     KafkaConnectionError,
     KafkaError,
     OutOfOrderSequenceNumber,
@@ -19,6 +21,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.metadata import MetadataRequest
 
+from shared.retry import KAFKA_DOWN
 from shared.settings import CommonSettings
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,17 @@ def make_producer(
 # partition's only broker shut down) leaves a gap: the broker refuses every later batch
 # for the partition as out of order. Only a new producer (a new producer id) gets past it.
 REFUSED_FOR_GOOD: tuple[type[KafkaError], ...] = (OutOfOrderSequenceNumber, UnknownProducerId)
+
+
+def ridden_out(exc: KafkaError) -> bool:
+    """Whether a Kafka error is one to wait out and retry: the broker away, slow or moving
+    leaders, a consumer-group rebalance that failed a commit, or a producer refused for
+    good (a ``RenewingProducer`` replaces itself, so the retry goes through). Anything
+    else (a refused authorization, a fenced producer, a record too large) is a
+    configuration error or a bug."""
+    return exc.retriable or isinstance(
+        exc, (*KAFKA_DOWN, *REFUSED_FOR_GOOD, CommitFailedError, IllegalStateError)
+    )
 
 
 class RenewingProducer:

@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import redis.asyncio as aioredis
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import KafkaError
 from prometheus_client import Counter
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from shared.kafka_io import REFUSED_FOR_GOOD
-from shared.retry import KAFKA_DOWN, REDIS_DOWN, Dependency, DependencyMetrics
+from shared.kafka_io import REFUSED_FOR_GOOD, ridden_out
+from shared.retry import REDIS_DOWN, Dependency, DependencyMetrics
 
 T = TypeVar("T")
 
@@ -91,16 +91,6 @@ class RedisLink:
 
     async def aclose(self) -> None:
         await self.client.aclose()
-
-
-def ridden_out(exc: KafkaError) -> bool:
-    """Whether a Kafka error is one to wait out and retry: the broker away, slow or moving
-    leaders, a consumer-group rebalance that failed a commit, or a producer refused for
-    good (it is replaced, so the retry goes through). Anything else (a refused
-    authorization, a fenced producer) is a configuration error or a bug."""
-    return exc.retriable or isinstance(
-        exc, (*KAFKA_DOWN, *REFUSED_FOR_GOOD, CommitFailedError, IllegalStateError)
-    )
 
 
 def kafka_failed(gate: Gate, exc: KafkaError) -> None:

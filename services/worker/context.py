@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 
 from services.worker.claims import Claims
 from services.worker.config import WorkerSettings
@@ -21,10 +22,16 @@ from services.worker.requests import RequestTable
 from services.worker.runtime import EngineProcess
 from shared.codec import encode
 from shared.dead_letters import dead_letter_key
-from shared.kafka_io import make_consumer, make_producer
+from shared.kafka_io import (
+    REFUSED_FOR_GOOD,
+    KafkaProbe,
+    RenewingProducer,
+    make_consumer,
+    ridden_out,
+)
 from shared.messages import DeadLetter
 from shared.names import Names
-from shared.retry import KAFKA_DOWN, Dependency
+from shared.retry import Dependency
 
 log = logging.getLogger("services.worker.service")
 
@@ -43,7 +50,8 @@ class WorkerContext:
     redis: aioredis.Redis
     publisher: EventPublisher
     claims: Claims
-    producer: AIOKafkaProducer
+    producer: RenewingProducer
+    kafka_probe: KafkaProbe
     consumer: AIOKafkaConsumer
     offsets: OffsetTracker = field(default_factory=OffsetTracker)
     table: RequestTable[RequestState] = field(default_factory=RequestTable[RequestState])
@@ -62,14 +70,17 @@ class WorkerContext:
     ) -> WorkerContext:
         metrics = WorkerMetrics(settings.worker_id)
         redis_dep = Dependency("redis", log, metrics.deps)
+        kafka_dep = Dependency("kafka", log, metrics.deps)
         wid = settings.worker_id
+        names = settings.names
+        producer = RenewingProducer(settings, client_id=wid)
         return cls(
             settings=settings,
             runner=runner,
             tokenizer=tokenizer,
             metrics=metrics,
             redis_dep=redis_dep,
-            kafka_dep=Dependency("kafka", log, metrics.deps),
+            kafka_dep=kafka_dep,
             redis=aioredis.Redis.from_url(settings.redis_url),
             # Token events (nearly all of this worker's Redis traffic) and the claims bypass
             # redis-py, each on a connection of its own.
@@ -77,7 +88,9 @@ class WorkerContext:
                 settings.redis_url, settings.names, name=f"tw-worker-{wid}", redis=redis_dep
             ),
             claims=Claims(settings.redis_url, settings.names, wid, settings.claim_ttl_s),
-            producer=make_producer(settings, client_id=wid),
+            producer=producer,
+            # Completions go to each request's reply topic; these two are always written.
+            kafka_probe=KafkaProbe(producer, [names.requests_dlq, names.completions], kafka_dep),
             consumer=make_consumer(
                 settings,
                 group_id=settings.names.worker_group,
@@ -93,9 +106,23 @@ class WorkerContext:
             self.idle.set()
 
     async def send_dead_letter(self, letter: DeadLetter) -> None:
-        """Write a dead letter, waiting out a Kafka outage."""
+        """Write a dead letter, waiting out a Kafka outage (and a producer renewal)."""
         data, key = encode(letter), dead_letter_key(letter)
-        await self.kafka_dep.call(
-            lambda: self.producer.send_and_wait(self.names.requests_dlq, data, key=key),
-            KAFKA_DOWN,
-        )
+        while True:
+            try:
+                await self.producer.send_and_wait(self.names.requests_dlq, data, key=key)
+            except KafkaError as exc:
+                if not ridden_out(exc):
+                    raise
+                await asyncio.sleep(self.kafka_failed(exc))
+                continue
+            self.kafka_dep.answered()
+            return
+
+    def kafka_failed(self, exc: KafkaError) -> float:
+        """Record a failed send to be tried again; returns how long to wait. A producer
+        refused for good is being replaced: Kafka itself answered, so it is not away."""
+        if isinstance(exc, REFUSED_FOR_GOOD):
+            self.metrics.handled_errors.labels("producer_renewed").inc()
+            return 0.1
+        return self.kafka_dep.failed(exc)

@@ -88,6 +88,7 @@ class WorkerService:
         )
         await ctx.runner.attach()
         await ctx.producer.start()
+        ctx.kafka_probe.start()
         ctx.consumer.subscribe([ctx.names.batches], listener=_Rebalance(self))
         await ctx.consumer.start()
         consume = asyncio.create_task(self.intake.run(), name="consume")
@@ -145,6 +146,7 @@ class WorkerService:
         await self.hand_back(sorted({st.partition for st in ctx.table.in_phase(*_HELD)}))
         await self.settler.commit()
         await ctx.consumer.stop()
+        await ctx.kafka_probe.stop()
         await ctx.producer.stop()
         pipe = ctx.redis.pipeline(transaction=False)
         wid = ctx.settings.worker_id

@@ -15,8 +15,9 @@ from services.worker.context import WorkerContext
 from services.worker.events import RequestState
 from shared.codec import encode
 from shared.dead_letters import dead_letter
+from shared.kafka_io import ridden_out
 from shared.messages import DeadLetter, TokenEvent
-from shared.retry import KAFKA_DOWN, REDIS_DOWN
+from shared.retry import REDIS_DOWN
 
 log = logging.getLogger("services.worker.service")
 
@@ -68,17 +69,17 @@ class Settler:
                 *(self._send_completion(st) for st in pending), return_exceptions=True
             )
             retry: list[RequestState] = []
-            outage: BaseException | None = None
+            failure: KafkaError | None = None
             for st, res in zip(pending, results, strict=True):
-                if isinstance(res, KAFKA_DOWN):
+                if isinstance(res, KafkaError) and ridden_out(res):
                     retry.append(st)
-                    outage = res
+                    failure = res
                 elif isinstance(res, KafkaError):
                     await self._undeliverable(st, res)
                 elif isinstance(res, BaseException):
                     raise res
-            if outage is not None:
-                await asyncio.sleep(ctx.kafka_dep.failed(outage))
+            if failure is not None:
+                await asyncio.sleep(ctx.kafka_failed(failure))
             else:
                 ctx.kafka_dep.answered()
             pending = retry

@@ -12,9 +12,8 @@ arrives four times a second (so sends are in flight while the broker shuts down)
 - A request refused meanwhile gets 503 with Retry-After within the edge's Kafka timeout
   (never a 500, never a hang), and the same request succeeds once the broker is back.
 - No process exits; greedy outputs equal an undisturbed run.
-- The edge and the batcher show the outage on ``/readyz`` and in their Kafka gauge while
-  it lasts, and log it once when it starts and once when it ends. (The worker's view is
-  printed, not checked: it learns of Kafka from its sends, which wait an outage out.)
+- The edge, the batcher and the worker show the outage on ``/readyz`` and in their Kafka
+  gauge while it lasts, and log it once when it starts and once when it ends.
 
 ``TW_TEST_KAFKA_LONG_OUTAGE_S`` shortens the long outage (default 40 s); at 30 s or less it
 no longer outlasts the producers' request timeout, which is what that case is for.
@@ -377,7 +376,7 @@ async def run_outage(
     accepted = [s.request_id for s in [*load.served, *retried] if isinstance(s, Served)]
     for rid in [*accepted, *reply_ids]:
         rec.stream(rid)  # as published: contiguous, one final event, duplicates identical
-    for name in ("edge", "batcher"):
+    for name in ("edge", "batcher", "worker"):
         assert views.down_between(name, at["stopped"], at["started"]), name
         assert views.last(name) == ("ok", "1.0"), name
         assert logged[name] == (1, 1), f"{name}: one line when Kafka went, one when back"

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    NotLeaderForPartitionError,
+    OutOfOrderSequenceNumber,
+)
 
 from services.worker.config import WorkerSettings
 from services.worker.context import WorkerContext
@@ -65,26 +70,35 @@ def _ctx(producer: Any, claims: Any, consumer: Any) -> WorkerContext:
         publisher=None,  # type: ignore[arg-type]
         claims=claims,
         producer=producer,
+        kafka_probe=None,  # type: ignore[arg-type]
         consumer=consumer,
     )
 
 
 class FakeProducer:
-    """Kafka refusing the first ``down`` sends as a broker that went away would."""
+    """Kafka refusing the first ``down`` sends of each kind with ``error`` (by default as a
+    broker that went away would)."""
 
-    def __init__(self, log: list[Any], down: int = 0) -> None:
-        self.log, self.down = log, down
+    def __init__(
+        self, log: list[Any], down: int = 0, error: type[KafkaError] = KafkaConnectionError
+    ) -> None:
+        self.log, self.error = log, error
+        self.down = {"completion": down, "dead_letter": down}
+
+    def _refuse(self, kind: str) -> None:
+        if self.down[kind]:
+            self.down[kind] -= 1
+            raise self.error("refused")
 
     async def send(self, topic: str, value: bytes, key: bytes | None = None) -> Any:
-        if self.down:
-            self.down -= 1
-            raise KafkaConnectionError("broker away")
+        self._refuse("completion")
         self.log.append(("completion", topic))
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(None)
         return fut
 
     async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self._refuse("dead_letter")
         self.log.append(("dead_letter", topic))
 
 
@@ -104,9 +118,19 @@ class FakeConsumer:
         self.log.append(("commit", sorted(o for o in offsets.values())))
 
 
-async def test_done_markers_wait_for_completions_and_dead_letters_even_through_an_outage() -> None:
+@pytest.mark.parametrize(
+    "refusal",
+    [KafkaConnectionError, OutOfOrderSequenceNumber, NotLeaderForPartitionError],
+    ids=["broker-away", "producer-refused-for-good", "leader-moved"],
+)
+async def test_done_markers_wait_for_completions_and_dead_letters_through_kafka_refusals(
+    refusal: type[KafkaError],
+) -> None:
+    """A send Kafka refuses for now (broker away, leader moving, or a producer refused
+    for good, which is replaced) is tried again: never dead-lettered as undeliverable,
+    never settled before it is acknowledged."""
     log: list[Any] = []
-    ctx = _ctx(FakeProducer(log, down=2), FakeClaims(log), FakeConsumer(log))
+    ctx = _ctx(FakeProducer(log, down=2, error=refusal), FakeClaims(log), FakeConsumer(log))
     ok = RequestState(
         GenerateRequest(prompt="p", reply=ReplyTarget(kafka_topic="out")), 0, 7, Phase.RUNNING
     )
@@ -122,7 +146,7 @@ async def test_done_markers_wait_for_completions_and_dead_letters_even_through_a
     await Settler(ctx).settle([ok, bad])
     assert log == [
         ("completion", "out"),  # after two refused tries
-        ("dead_letter", ctx.names.requests_dlq),
+        ("dead_letter", ctx.names.requests_dlq),  # likewise
         ("release", "done", tuple(sorted([ok.request_id, bad.request_id]))),
         ("commit", [8]),
     ]
