@@ -186,6 +186,55 @@ async def test_a_poison_is_quarantined_and_the_rest_of_its_batch_is_served(bare:
     st.check_alive()
 
 
+async def test_a_request_running_through_two_worker_crashes_is_quarantined_as_poison(
+    bare: Stack, model_dir: str
+) -> None:
+    """Real crashes, not a count set by hand: a long request is running when its worker is
+    SIGKILLed, and again on the worker that took it over. The third worker does not run
+    it: an error event ``poison`` and a dead letter; the short request of its batch and a
+    request sent afterwards are served."""
+    st = bare
+    long, short = greedy_requests(2, 5, seed=21)
+    long = long.model_copy(
+        update={
+            "sampling": long.sampling.model_copy(update={"max_tokens": context_of(model_dir) - 64})
+        }
+    )
+    [after] = greedy_requests(1, 5, seed=22)
+    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    boot = st.env["TW_KAFKA_BOOTSTRAP"]
+    try:
+        st.start("worker", "w1", **FAST_FAILOVER)
+        await st.wait_ready()
+        await produce(boot, st.names.batches, [encode(Batch(requests=[long, short]))])
+        seen = 0
+        for crash, name in enumerate(("w1", "w2"), start=2):
+            deadline = time.monotonic() + 120
+            while True:  # running on this worker: its stream grows
+                events = await token_stream.read_log(redis, st.names, long.request_id)
+                assert not (events and events[-1].final), "the long request ended too soon"
+                if len(events) > seen:
+                    break
+                assert time.monotonic() < deadline, st.logs()
+                await asyncio.sleep(0.05)
+            seen = len(events)
+            st.stop(name, signal.SIGKILL)
+            st.start("worker", f"w{crash}", **FAST_FAILOVER)
+        bad = await wait_final(redis, st, long.request_id, within_s=120)
+        good = await wait_final(redis, st, short.request_id)
+        await produce(boot, st.names.batches, [encode(Batch(requests=[after]))])
+        later = await wait_final(redis, st, after.request_id)
+    finally:
+        await redis.aclose()
+    err = bad[-1].error
+    assert err is not None and err.code == "poison", bad[-1]
+    assert bad[-1].seq == len(bad) - 1, "the error event takes the next seq"
+    for served in (good, later):
+        assert sum(len(e.token_ids) for e in served) == 5 and served[-1].finish_reason == "length"
+    assert (await dead_letters(st, {long.request_id}))[long.request_id].reason == "poison"
+    st.check_alive()
+
+
 async def test_a_worker_killed_while_kafka_reply_requests_finish_sends_each_one_completion(
     bare: Stack, model_dir: str
 ) -> None:
