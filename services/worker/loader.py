@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+from services.worker.engine.layout import attention_implementation, attention_layout
 
 
 def pick_device(device: str) -> torch.device:
@@ -22,13 +25,19 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(model_dir: str, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
-    """Model and tokenizer from a local folder, with SDPA attention, in eval mode."""
+    """Model and tokenizer from a local folder, in eval mode, with SDPA attention where the
+    model supports it exactly and eager attention else. A model the engine cannot serve
+    exactly is refused here (``UnsupportedModel``), before its weights are read."""
     dev = pick_device(device)
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    attention_layout(config)
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    supports_sdpa = bool(getattr(model_class, "_supports_sdpa", False))
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         model_dir,
         dtype=pick_dtype(dtype, dev),
-        attn_implementation="sdpa",
+        attn_implementation=attention_implementation(config, supports_sdpa),
         local_files_only=True,
     )
     model.to(dev)  # type: ignore[arg-type]

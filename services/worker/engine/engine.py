@@ -107,7 +107,7 @@ class Engine:
             SchedulerConfig(config.max_running, config.max_step_tokens, config.prefill_chunk),
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size)
-        self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.max_context = self.runner.layout.context
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         eos = getattr(model.generation_config, "eos_token_id", None)
         if eos is None:

@@ -10,6 +10,12 @@ Two ways to hand KV to the model's attention, by the shape of the work:
 - **Prefill** (several tokens per row): a small cache object writes the new keys/values into
   their blocks and gathers each row's blocks into a padded batch for SDPA, with an explicit
   4D mask. A batch of fresh prompts (nothing cached before them) skips the gather.
+The runner builds the attention masks itself, from the model's ``AttentionLayout``: causal,
+bounded below by each layer's sliding window (one mask per layer type when the layers
+differ), boolean for SDPA and additive for eager attention. It calls the model's whole
+forward (only the last position of each row projected to logits), so whatever the model
+does after its LM head (final-logit softcapping) is kept.
+
 - **Decode** (one token per row): gathering every row's whole history on every step cost
   more than the attention itself (CPU, 32 rows of ~150 tokens: ~11% of a step; memory-bound,
   so worst when the machine is busy). Decoding rows therefore also keep a dense copy of their
@@ -28,6 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from services.worker.engine.layout import AttentionLayout, UnsupportedModel, attention_layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +136,23 @@ class _DenseCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv_len
+
+
+class _ShapeProbe:
+    """Duck-typed cache that records the KV shape each layer hands it, ``(kv_heads,
+    key_dim, value_dim)``, whatever the config calls them."""
+
+    def __init__(self) -> None:
+        self.shapes: dict[int, tuple[int, int, int]] = {}
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.shapes[layer_idx] = (key_states.shape[1], key_states.shape[3], value_states.shape[3])
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
 
 
 class _DecodeSlots:
@@ -276,34 +301,77 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         cfg = model.config
+        self.layout: AttentionLayout = attention_layout(cfg)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        heads = cfg.num_attention_heads
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        self._eager = getattr(cfg, "_attn_implementation", "sdpa") == "eager"
+        # Later transformers 5 releases renamed the ``past_key_values`` argument to ``cache``;
+        # a cache passed under a name the model ignores would silently be dropped.
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        kv_heads, head_dim = self._kv_shape()
+        layers = len(self.layout.windows)
         shape = (num_blocks, block_size, kv_heads, head_dim)
         # Zeros, not empty: padded slots are masked out, but NaN garbage would leak through
         # the value product (0 * NaN).
         self.k_pool = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device)
-            for _ in range(cfg.num_hidden_layers)
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(layers)
         ]
         self.v_pool = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device)
-            for _ in range(cfg.num_hidden_layers)
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(layers)
         ]
-        self.bytes_per_token = (
-            2 * cfg.num_hidden_layers * kv_heads * head_dim * param.element_size()
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.bytes_per_token = 2 * layers * kv_heads * head_dim * param.element_size()
+        self._slots = _DecodeSlots(layers, kv_heads, head_dim, block_size, num_blocks * block_size)
+
+    @torch.inference_mode()
+    def _kv_shape(self) -> tuple[int, int]:
+        """KV heads and head size, as the layers produce them (one token through the model):
+        configs name them differently (Falcon's ``num_kv_heads``, multi-query flags)."""
+        probe = _ShapeProbe()
+        one = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        self.model(
+            input_ids=one,
+            position_ids=one,
+            attention_mask=self._mask(one, 1),
+            **{self._cache_arg: probe},
+            use_cache=True,
+            logits_to_keep=1,
         )
-        self._slots = _DecodeSlots(
-            cfg.num_hidden_layers, kv_heads, head_dim, block_size, num_blocks * block_size
-        )
-        self._decoder = model.get_decoder()
-        self._lm_head = model.get_output_embeddings()
-        # Later transformers 5 releases renamed the decoder's ``past_key_values`` argument to
-        # ``cache``; a cache passed under a name the model ignores would silently be dropped.
-        params = inspect.signature(self._decoder.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        layout, shapes = self.layout, set(probe.shapes.values())
+        if len(probe.shapes) != len(layout.windows):
+            raise UnsupportedModel(
+                layout.model_type, f"{len(probe.shapes)} of {len(layout.windows)} layers cache KV"
+            )
+        if len(shapes) != 1:
+            raise UnsupportedModel(layout.model_type, f"layers with different KV shapes {shapes}")
+        ((kv_heads, key_dim, value_dim),) = shapes
+        if key_dim != value_dim:
+            raise UnsupportedModel(layout.model_type, "keys and values of different sizes")
+        return kv_heads, key_dim
+
+    def _mask(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Attention masks ``[rows, 1, q, kv_len]`` for queries at ``positions`` (``[rows,
+        q]``): column ``c`` is seen iff ``pos - window < c <= pos``. One per layer type when
+        the layers' windows differ. Boolean for SDPA; additive for eager attention, which
+        adds the mask to the scores."""
+        cols = torch.arange(kv_len, device=positions.device).view(1, 1, 1, -1)
+        pos = positions.view(positions.shape[0], 1, positions.shape[1], 1)
+        causal = cols <= pos
+        built: dict[int | None, torch.Tensor] = {}
+        for window in set(self.layout.windows):
+            seen = causal if window is None else causal & (cols > pos - window)
+            if self._eager:
+                blocked = torch.finfo(self.dtype).min
+                seen = torch.zeros(seen.shape, dtype=self.dtype, device=seen.device).masked_fill(
+                    ~seen, blocked
+                )
+            built[window] = seen
+        if not self.layout.by_type:
+            return built[self.layout.windows[0]]
+        return {
+            t: built[w] for t, w in zip(self.layout.layer_types, self.layout.windows, strict=True)
+        }
 
     def forget_rows(self) -> None:
         """Drop the decoding rows' dense KV copies (after a failed pass): each is loaded
@@ -334,7 +402,7 @@ class ModelRunner:
         host = torch.tensor([ids, pos, blocks, [p % bs for p in pos]], dtype=torch.long)
         ids_t, pos_t, blk_t, off_t = host.to(dev).unbind(0)
         kv_len = max(pos) + 1
-        mask = torch.arange(kv_len, device=dev).view(1, 1, 1, -1) <= pos_t.view(rows, 1, 1, 1)
+        mask = self._mask(pos_t.view(rows, 1), kv_len)
         cache = _DenseCache(
             (self.k_pool, self.v_pool),
             (self._slots.k, self._slots.v),
@@ -343,15 +411,15 @@ class ModelRunner:
             pos_t,
             kv_len,
         )
-        hidden = self._decoder(
+        logits = self.model(
             input_ids=ids_t.view(rows, 1),
             position_ids=pos_t.view(rows, 1),
             attention_mask=mask,
             **{self._cache_arg: cache},
             use_cache=True,
-        ).last_hidden_state
-        logits = self._lm_head(hidden[:, 0]).float()
-        return logits[torch.tensor(slot, device=dev)]
+            logits_to_keep=1,
+        ).logits[:, 0]
+        return logits.float()[torch.tensor(slot, device=dev)]
 
     def _prefill(self, items: Sequence[RunItem]) -> torch.Tensor:
         """Rows of several tokens each (any mix), padded to the longest."""
@@ -378,8 +446,6 @@ class ModelRunner:
             dtype=torch.long,
         )
         w_blocks = table[w_rows, w_pos // bs]
-        # mask[r, 0, j, c]: query j of row r sees column c iff c <= its position.
-        mask = torch.arange(kv_len).view(1, 1, 1, -1) <= positions.view(rows, 1, q, 1)
         cache = _PagedCache(
             (self.k_pool, self.v_pool),
             w_blocks.to(dev),
@@ -389,13 +455,13 @@ class ModelRunner:
             None if fresh else table.to(dev),
             kv_len,
         )
-        hidden = self._decoder(
+        positions = positions.to(dev)
+        logits = self.model(
             input_ids=input_ids.to(dev),
-            position_ids=positions.to(dev),
-            attention_mask=mask.to(dev),
+            position_ids=positions,
+            attention_mask=self._mask(positions, kv_len),
             **{self._cache_arg: cache},
             use_cache=True,
-        ).last_hidden_state
-        last = (lens_t - 1).to(dev)
-        h = hidden[torch.arange(rows, device=dev), last]
-        return self._lm_head(h).float()
+            logits_to_keep=(lens_t - 1).view(rows, 1).to(dev),  # each row's last token
+        ).logits[:, 0]
+        return logits.float()

@@ -1,0 +1,149 @@
+"""What the runner must know of a model's attention to serve it exactly, read from its
+config (no torch): each layer's attention window, the attention implementation to load it
+with, the context it can be served at, and what is refused.
+
+The runner builds its own masks and hands its own KV to the model, so everything the
+model's own mask code would have done (sliding windows, per-layer window types) is done
+here, and anything it cannot reproduce exactly is refused at load, naming the model type
+and the feature: wrong tokens are never served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+
+# The architectures the engine is checked against (tests/unit/test_model_matrix.py): greedy
+# tokens identical to ``generate``, logits equal to one plain forward pass.
+SUPPORTED: dict[str, str] = {
+    "llama": "Llama 2/3 (rope scaling: linear, llama3, yarn; dynamic up to its original context)",
+    "mistral": "Mistral (sliding window or none)",
+    "mixtral": "Mixtral (mixture of experts, sliding window or none)",
+    "qwen2": "Qwen 2 / 2.5 (sliding layers or none)",
+    "qwen2_moe": "Qwen 2 MoE",
+    "qwen3": "Qwen 3",
+    "gemma": "Gemma",
+    "gemma2": "Gemma 2 (interleaved sliding layers, attention and final-logit softcapping)",
+    "gemma3_text": "Gemma 3 text (interleaved sliding layers, per-type rope)",
+    "phi3": "Phi-3 (longrope up to its original context)",
+    "gpt2": "GPT-2 (learned positions)",
+    "gpt_neox": "GPT-NeoX / Pythia",
+    "opt": "OPT (learned positions)",
+    "falcon": "Falcon (rotary; alibi refused)",
+    "olmoe": "OLMoE",
+}
+
+# Rope variants whose frequencies depend on the longest position in the forward pass, so
+# a row's result would depend on its batch neighbours past the original context: served
+# up to that context only, where they equal the unscaled rope.
+BATCH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+class UnsupportedModel(ValueError):
+    """The model cannot be served exactly; raised at load."""
+
+    def __init__(self, model_type: str, feature: str) -> None:
+        super().__init__(
+            f"model type {model_type!r}: {feature}; refusing to serve it rather than serve "
+            f"wrong tokens (supported: {', '.join(sorted(SUPPORTED))})"
+        )
+        self.model_type, self.feature = model_type, feature
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionLayout:
+    """``windows[i]``: how many positions (itself included) layer ``i`` attends to, None
+    for all of them. ``by_type``: the layers differ, so the model takes one mask per
+    layer type (``layer_types[i]`` names layer ``i``'s)."""
+
+    model_type: str
+    layer_types: tuple[str, ...]
+    windows: tuple[int | None, ...]
+    context: int
+
+    @property
+    def by_type(self) -> bool:
+        return len(set(self.windows)) > 1
+
+    def window_of(self, layer_type: str) -> int | None:
+        return self.windows[self.layer_types.index(layer_type)]
+
+    @property
+    def max_window(self) -> int | None:
+        """The longest window of any layer; None when a layer attends to everything."""
+        return None if None in self.windows else max(w for w in self.windows if w is not None)
+
+
+def attention_implementation(config: Any, supports_sdpa: bool) -> str:
+    """The attention implementation to load a model with: SDPA where the model supports it
+    and nothing it computes is lost there (SDPA has no logit softcapping), eager else."""
+    if getattr(config, "attn_logit_softcapping", None) is not None or not supports_sdpa:
+        return "eager"
+    return "sdpa"
+
+
+def attention_layout(config: Any) -> AttentionLayout:
+    """The layout of a loaded model's config (a transformers ``PretrainedConfig``);
+    raises ``UnsupportedModel`` for anything the runner cannot serve exactly."""
+    model_type = str(getattr(config, "model_type", "?"))
+    if model_type not in SUPPORTED:
+        raise UnsupportedModel(model_type, "an architecture outside the tested matrix")
+    refuse = _refusal(config)
+    if refuse:
+        raise UnsupportedModel(model_type, refuse)
+    layers = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None)
+    declared = getattr(config, "layer_types", None)
+    if declared is not None:
+        types = tuple(str(t) for t in declared)[:layers]
+    else:  # no per-layer types: the window, when set, applies to every layer
+        types = (SLIDING if window else FULL,) * layers
+    unknown = sorted({t for t in types} - {FULL, SLIDING})
+    if unknown:
+        raise UnsupportedModel(model_type, f"layer types {unknown}")
+    if SLIDING in types and not window:
+        raise UnsupportedModel(model_type, "sliding layers without a window size")
+    windows = tuple(int(window) if t == SLIDING and window else None for t in types)
+    return AttentionLayout(model_type, types, windows, served_context(config.to_dict()))
+
+
+def _refusal(config: Any) -> str | None:
+    """A feature of the config the runner cannot reproduce, or None."""
+    if getattr(config, "alibi", False):
+        return "alibi position biases"
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in (None, "sdpa", "eager"):
+        return f"attention implementation {impl!r} (the runner passes its own masks: sdpa or eager)"
+    if impl == "sdpa" and getattr(config, "attn_logit_softcapping", None) is not None:
+        return "attention logit softcapping under SDPA (load it with eager attention)"
+    return None
+
+
+def served_context(config: Mapping[str, Any]) -> int:
+    """The longest context served exactly, from a config as a dict (``config.json``): the
+    model's own, or the original one for rope variants that change with the batch."""
+    context = int(config.get("max_position_embeddings") or config.get("n_positions") or 1 << 30)
+    for rope in _rope_parameters(config):
+        if rope.get("rope_type", rope.get("type")) in BATCH_DEPENDENT_ROPE:
+            original = rope.get("original_max_position_embeddings") or config.get(
+                "original_max_position_embeddings"
+            )
+            if original:
+                context = min(context, int(original))
+    return context
+
+
+def _rope_parameters(config: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """Every rope parameter set a config declares (one, or one per layer type)."""
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = config.get(key)
+        if not isinstance(rope, Mapping):
+            continue
+        if all(isinstance(v, Mapping) for v in rope.values()) and rope:
+            yield from rope.values()
+        else:
+            yield rope
