@@ -71,6 +71,7 @@ def cmd_worker(_: argparse.Namespace) -> None:
         config=EngineConfig(
             block_size=settings.block_size,
             kv_budget_tokens=settings.kv_budget_tokens,
+            kv_budget_bytes=settings.kv_budget_bytes,
             max_running=settings.max_running,
             max_step_tokens=settings.max_step_tokens,
             prefill_chunk=settings.prefill_chunk,

@@ -204,6 +204,7 @@ class WorkerHeartbeat(Wire):
     partitions: list[int] = Field(default_factory=list)
     free_slots: int = Field(0, description="max running - running - waiting (negative: queued)")
     free_kv_tokens: int = 0
+    kv_bytes_per_token: int = Field(0, description="KV memory of one token in this model")
     running: int = 0
     waiting: int = 0
     kv_used_tokens: int = 0

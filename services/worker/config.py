@@ -25,6 +25,12 @@ class WorkerSettings(CommonSettings):
         5, ge=0, le=19, description="the engine process's niceness above the worker's"
     )
     kv_budget_tokens: int = Field(65_536, ge=16)
+    kv_budget_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="the KV pool in bytes (replaces kv_budget_tokens): tokens from the model's "
+        "layer, head and dtype layout",
+    )
     block_size: int = Field(16, ge=1, le=1024)
     max_running: int = Field(64, ge=1)
     max_step_tokens: int = Field(1024, ge=1)

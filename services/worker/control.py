@@ -58,6 +58,7 @@ class Heartbeat:
             # Negative when requests queue beyond the running cap: batchers count it.
             free_slots=s.max_running - st.running - st.waiting,
             free_kv_tokens=st.free_kv_tokens,
+            kv_bytes_per_token=st.kv_bytes_per_token,
             running=st.running,
             waiting=st.waiting,
             kv_used_tokens=st.kv_used_blocks * st.block_size,

@@ -132,8 +132,11 @@ def test_greedy_through_the_engine_equals_generate(
     assert runner.layout.windows == arch.windows
     assert len(runner.k_pool) == len(runner.v_pool) == layers
     assert runner.k_pool[0].shape[2:] == (kv_heads, head_dim)
-    assert runner.bytes_per_token == 2 * layers * kv_heads * head_dim * 4
+    per_token = 2 * layers * kv_heads * head_dim * 4  # fp32
+    assert runner.bytes_per_token == engine.stats.kv_bytes_per_token == per_token
     assert engine.max_context == arch.context
+    sized = Engine(model, tok, EngineConfig(kv_budget_bytes=1 << 20, block_size=BLOCK))
+    assert sized.stats.kv_blocks == (1 << 20) // (per_token * BLOCK)
 
 
 @pytest.mark.parametrize("name", list(REFUSED))

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 class EngineConfig:
     block_size: int = 16
     kv_budget_tokens: int = 65_536
+    # When set, the KV pool's size in bytes instead: tokens from the model's own layout.
+    kv_budget_bytes: int | None = None
     max_running: int = 64
     max_step_tokens: int = 1024
     prefill_chunk: int = 256
@@ -72,6 +74,7 @@ class EngineStats:
     kv_peak_used_blocks: int = 0
     kv_cached_blocks: int = 0
     block_size: int = 16
+    kv_bytes_per_token: int = 0  # every layer's keys and values of one token
     prefix_hit_tokens: int = 0
     prefilled_tokens: int = 0
     decoded_tokens: int = 0
@@ -100,13 +103,18 @@ class Engine:
     def __init__(self, model: Any, tokenizer: Any, config: EngineConfig = EngineConfig()) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        num_blocks = max(1, config.kv_budget_tokens // config.block_size)
+        self.runner = ModelRunner(
+            model,
+            max(1, config.kv_budget_tokens // config.block_size),
+            config.block_size,
+            budget_bytes=config.kv_budget_bytes,
+        )
+        num_blocks = self.runner.num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(
             self.kv,
             SchedulerConfig(config.max_running, config.max_step_tokens, config.prefill_chunk),
         )
-        self.runner = ModelRunner(model, num_blocks, config.block_size)
         self.max_context = self.runner.layout.context
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         eos = getattr(model.generation_config, "eos_token_id", None)
@@ -115,7 +123,11 @@ class Engine:
         self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
-        self.stats = EngineStats(kv_blocks=num_blocks, block_size=config.block_size)
+        self.stats = EngineStats(
+            kv_blocks=num_blocks,
+            block_size=config.block_size,
+            kv_bytes_per_token=self.runner.bytes_per_token,
+        )
 
     # --- thread-safe inbox -----------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> None:

@@ -297,7 +297,10 @@ class _DecodeSlots:
 class ModelRunner:
     """Runs a Hugging Face causal LM over paged KV blocks."""
 
-    def __init__(self, model: Any, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, model: Any, num_blocks: int, block_size: int, *, budget_bytes: int | None = None
+    ) -> None:
+        """A pool of ``num_blocks`` blocks, or of as many as ``budget_bytes`` holds."""
         self.model = model
         self.block_size = block_size
         cfg = model.config
@@ -311,6 +314,11 @@ class ModelRunner:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         kv_heads, head_dim = self._kv_shape()
         layers = len(self.layout.windows)
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.bytes_per_token = 2 * layers * kv_heads * head_dim * param.element_size()
+        if budget_bytes is not None:
+            num_blocks = max(1, budget_bytes // (self.bytes_per_token * block_size))
+        self.num_blocks = num_blocks
         shape = (num_blocks, block_size, kv_heads, head_dim)
         # Zeros, not empty: padded slots are masked out, but NaN garbage would leak through
         # the value product (0 * NaN).
@@ -320,8 +328,6 @@ class ModelRunner:
         self.v_pool = [
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(layers)
         ]
-        self.kv_heads, self.head_dim = kv_heads, head_dim
-        self.bytes_per_token = 2 * layers * kv_heads * head_dim * param.element_size()
         self._slots = _DecodeSlots(layers, kv_heads, head_dim, block_size, num_blocks * block_size)
 
     @torch.inference_mode()
