@@ -160,6 +160,24 @@ ARCHS: dict[str, Arch] = {
         },
     ),
     "phi3": Arch("phi3", (2, 16, 2), FULL2, {"num_key_value_heads": 2}),
+    "phi3-longrope": Arch(
+        "phi3",
+        (2, 16, 2),
+        FULL2,
+        {
+            "num_key_value_heads": 2,
+            "original_max_position_embeddings": 128,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "long_factor": [1.0 + i / 4 for i in range(8)],
+                "short_factor": [1.0] * 8,
+                "original_max_position_embeddings": 128,
+            },
+        },
+        context=128,
+        note="served up to its original context",
+    ),
     "gpt2": Arch(
         "gpt2", (4, 16, 2), FULL2, {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 512}
     ),

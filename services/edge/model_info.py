@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.messages import ChatMessage
+from shared.model_config import served_context
 
 # Above this many characters, tokenizing moves off the event loop.
 INLINE_TOKENIZE_CHARS = 16_384
@@ -34,14 +35,14 @@ class ModelInfo:
             return cls()
         folder = Path(model_dir)
         config = json.loads((folder / "config.json").read_text())
-        context = config.get("max_position_embeddings") or config.get("n_positions")
+        context = served_context(config)
         tokenizer = template = None
         if (folder / "tokenizer.json").exists():
             from tokenizers import Tokenizer
 
             tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
             template = _chat_template(folder)
-        return cls(int(context) if context else None, tokenizer, template)
+        return cls(context, tokenizer, template)
 
     def count_prompt(self, prompt: str) -> int:
         """Prompt tokens as the worker counts them (special tokens added)."""

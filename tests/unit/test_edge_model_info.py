@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 
 from services.edge.model_info import ModelInfo, TemplateError
 from shared.messages import ChatMessage
+from shared.model_config import served_context
 
 PROMPTS = ["", "The function returns", "héllo wörld <|user|> x\n\n  y", "a" * 3000]
 CHATS = [
@@ -46,3 +47,31 @@ def test_without_a_model_folder_counts_are_estimates() -> None:
     assert info.context is None
     assert info.count_prompt("abcdefgh") == 3
     assert info.count_chat([ChatMessage(role="user", content="abcd")]) == 2 + 4
+
+
+def test_the_edge_admits_the_context_the_worker_serves() -> None:
+    """Rope variants that change with the batch are served up to their original context;
+    the edge refuses longer prompts up front, as the worker would (one rule for both)."""
+    plain = {"max_position_embeddings": 4096}
+    dynamic = {
+        **plain,
+        "rope_parameters": {"rope_type": "dynamic", "original_max_position_embeddings": 1024},
+    }
+    longrope = {
+        **plain,
+        "original_max_position_embeddings": 2048,
+        "rope_scaling": {"type": "longrope"},
+    }
+    per_type = {
+        **plain,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "yarn", "original_max_position_embeddings": 512},
+            "sliding_attention": {"rope_type": "default"},
+        },
+    }
+    assert served_context(plain) == 4096
+    assert served_context(dynamic) == 1024
+    assert served_context(longrope) == 2048
+    assert served_context(per_type) == 4096  # yarn does not change with the batch
+    assert served_context({"n_positions": 1024}) == 1024
+    assert served_context({}) is None

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
-from services.worker.engine.layout import UnsupportedModel
+from services.worker.engine.layout import SUPPORTED, UnsupportedModel
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import Status
 from services.worker.loader import load_model
@@ -180,3 +180,10 @@ def test_every_eos_id_of_the_generation_config_ends_a_request(
         assert want[-1] in eos and len(want) < NEW
         assert tokens[f"r{i}"] == want, f"request {i}"
         assert finals[f"r{i}"].finish is Status.FINISHED_STOPPED
+
+
+def test_the_matrix_covers_every_supported_type_and_the_readme_lists_them() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert {a.model_type for a in ARCHS.values()} == set(SUPPORTED)
+    for model_type, what in SUPPORTED.items():
+        assert f"| `{model_type}` | {what} |" in readme, model_type

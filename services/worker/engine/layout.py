@@ -10,9 +10,10 @@ and the feature: wrong tokens are never served.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from shared.model_config import served_context
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -36,11 +37,6 @@ SUPPORTED: dict[str, str] = {
     "falcon": "Falcon (rotary; alibi refused)",
     "olmoe": "OLMoE",
 }
-
-# Rope variants whose frequencies depend on the longest position in the forward pass, so
-# a row's result would depend on its batch neighbours past the original context: served
-# up to that context only, where they equal the unscaled rope.
-BATCH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
 class UnsupportedModel(ValueError):
@@ -108,7 +104,7 @@ def attention_layout(config: Any) -> AttentionLayout:
     if SLIDING in types and not window:
         raise UnsupportedModel(model_type, "sliding layers without a window size")
     windows = tuple(int(window) if t == SLIDING and window else None for t in types)
-    return AttentionLayout(model_type, types, windows, served_context(config.to_dict()))
+    return AttentionLayout(model_type, types, windows, served_context(config.to_dict()) or 1 << 30)
 
 
 def _refusal(config: Any) -> str | None:
@@ -121,29 +117,3 @@ def _refusal(config: Any) -> str | None:
     if impl == "sdpa" and getattr(config, "attn_logit_softcapping", None) is not None:
         return "attention logit softcapping under SDPA (load it with eager attention)"
     return None
-
-
-def served_context(config: Mapping[str, Any]) -> int:
-    """The longest context served exactly, from a config as a dict (``config.json``): the
-    model's own, or the original one for rope variants that change with the batch."""
-    context = int(config.get("max_position_embeddings") or config.get("n_positions") or 1 << 30)
-    for rope in _rope_parameters(config):
-        if rope.get("rope_type", rope.get("type")) in BATCH_DEPENDENT_ROPE:
-            original = rope.get("original_max_position_embeddings") or config.get(
-                "original_max_position_embeddings"
-            )
-            if original:
-                context = min(context, int(original))
-    return context
-
-
-def _rope_parameters(config: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-    """Every rope parameter set a config declares (one, or one per layer type)."""
-    for key in ("rope_parameters", "rope_scaling"):
-        rope = config.get(key)
-        if not isinstance(rope, Mapping):
-            continue
-        if all(isinstance(v, Mapping) for v in rope.values()) and rope:
-            yield from rope.values()
-        else:
-            yield rope
