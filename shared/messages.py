@@ -57,23 +57,23 @@ class ChatMessage(Wire):
     content: str = Field(max_length=1_000_000)
 
 
+MODEL_DEFAULT = "left out: the model's default (its generation_config.json), else "
+
+
 class SamplingParams(Wire):
-    """How to pick tokens. ``temperature == 0`` means greedy."""
+    """How to pick tokens. ``temperature == 0`` means greedy. A sampling field left out
+    takes the served model's default."""
 
     max_tokens: int = Field(16, ge=1, le=1_000_000)
-    temperature: float = Field(1.0, ge=0.0, le=100.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    temperature: float | None = Field(None, ge=0.0, le=100.0, description=MODEL_DEFAULT + "1.0")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description=MODEL_DEFAULT + "1.0")
+    top_k: int | None = Field(None, ge=0, description=MODEL_DEFAULT + "0; 0 disables top-k")
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
         default_factory=list, max_length=MAX_STOP_STRINGS
     )
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 class ReplyTarget(Wire):

@@ -3,7 +3,10 @@ that every service agrees on them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # Rope variants whose frequencies depend on the longest position in the forward pass, so
@@ -38,3 +41,43 @@ def _rope_parameters(config: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
             yield from rope.values()
         else:
             yield rope
+
+
+# Sampling defaults a generation_config.json may state that the engine does not implement
+# (at their neutral value they change nothing): the worker says so at start.
+UNAPPLIED_DEFAULTS = ("repetition_penalty", "min_p", "typical_p", "no_repeat_ngram_size")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingDefaults:
+    """What a request that leaves a sampling field out gets: the value the model's
+    ``generation_config.json`` states, else the OpenAI default (as vLLM does; ``do_sample``
+    is not read: a client that wants greedy asks for temperature 0)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    unapplied: tuple[str, ...] = ()  # defaults the file states that no request gets
+
+    @classmethod
+    def of_folder(cls, model_dir: str | Path) -> SamplingDefaults:
+        path = Path(model_dir) / "generation_config.json"
+        if not path.exists():
+            return cls()
+        stated = json.loads(path.read_text())
+        base = cls()
+        return cls(
+            temperature=float(stated.get("temperature", base.temperature)),
+            top_p=float(stated.get("top_p", base.top_p)),
+            top_k=int(stated.get("top_k", base.top_k)),
+            unapplied=tuple(k for k in UNAPPLIED_DEFAULTS if stated.get(k) not in (None, 1.0, 0.0)),
+        )
+
+    def resolve(
+        self, temperature: float | None, top_p: float | None, top_k: int | None
+    ) -> tuple[float, float, int]:
+        return (
+            self.temperature if temperature is None else temperature,
+            self.top_p if top_p is None else top_p,
+            self.top_k if top_k is None else top_k,
+        )

@@ -34,9 +34,12 @@ class _Common(BaseModel):
 
     model: str = Field(max_length=256)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, le=1_000_000, description="tokenwire extension; 0 disables")
+    # Left out: the served model's default (its generation_config.json), as vLLM does.
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(
+        None, ge=0, le=1_000_000, description="tokenwire extension; 0 disables"
+    )
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: StopString | StopList | None = None
     stream: bool = False

@@ -30,6 +30,7 @@ from shared.kafka_io import (
     ridden_out,
 )
 from shared.messages import DeadLetter
+from shared.model_config import SamplingDefaults
 from shared.names import Names
 from shared.retry import Dependency
 
@@ -53,6 +54,7 @@ class WorkerContext:
     producer: RenewingProducer
     kafka_probe: KafkaProbe
     consumer: AIOKafkaConsumer
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     offsets: OffsetTracker = field(default_factory=OffsetTracker)
     table: RequestTable[RequestState] = field(default_factory=RequestTable[RequestState])
     assigned_at: dict[int, float] = field(default_factory=dict)  # partition → when assigned
@@ -74,6 +76,12 @@ class WorkerContext:
         wid = settings.worker_id
         names = settings.names
         producer = RenewingProducer(settings, client_id=wid)
+        defaults = SamplingDefaults.of_folder(settings.model_dir)
+        if defaults.unapplied:
+            log.warning(
+                "the model's generation_config.json states %s: not implemented, not applied",
+                ", ".join(defaults.unapplied),
+            )
         return cls(
             settings=settings,
             runner=runner,
@@ -97,6 +105,7 @@ class WorkerContext:
                 client_id=wid,
                 session_timeout_ms=settings.session_timeout_ms,
             ),
+            sampling_defaults=defaults,
         )
 
     def left_engine(self, st: RequestState) -> None:

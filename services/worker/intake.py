@@ -217,7 +217,10 @@ class Intake:
                 request_id=req.request_id,
                 prompt_ids=ids,
                 max_tokens=sp.max_tokens,
-                sampling=SamplingConfig(sp.temperature, sp.top_p, sp.top_k, sp.seed),
+                sampling=SamplingConfig(
+                    *self.ctx.sampling_defaults.resolve(sp.temperature, sp.top_p, sp.top_k),
+                    sp.seed,
+                ),
                 stop=sp.stop,
                 stop_token_ids=sp.stop_token_ids,
                 ignore_eos=sp.ignore_eos,

@@ -1,7 +1,8 @@
 """A sliding-window model served through the whole stack (edge → Kafka → batcher → worker →
 Redis → edge): Mistral with a 16-token window, prompts several windows long, streamed over
 HTTP, token-identical to ``generate`` (before the runner bounded its masks by the window,
-none of these outputs was)."""
+none of these outputs was). The requests leave temperature out, and the model's
+generation_config.json says 0: greedy only if its defaults are applied."""
 
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ async def streamed_text(http: httpx.AsyncClient, url: str, prompt: str) -> str:
         "model": "mistral-window",
         "prompt": prompt,
         "max_tokens": NEW,
-        "temperature": 0,
         "stream": True,
     }
     text = []
@@ -50,6 +50,10 @@ async def test_a_sliding_window_model_through_the_whole_stack(
     infra: dict[str, str], model_dir: str, tmp_path: Path
 ) -> None:
     folder = str(build_tiny("mistral-window", tmp_path / "mistral-window", model_dir))
+    gen_config = Path(folder) / "generation_config.json"
+    gen_config.write_text(
+        orjson.dumps({**orjson.loads(gen_config.read_text()), "temperature": 0.0}).decode()
+    )
     rng = random.Random(31)
     prompts = [" ".join(rng.choices(WORDS, k=rng.randint(40, 100))) for _ in range(6)]
     tok = AutoTokenizer.from_pretrained(folder)

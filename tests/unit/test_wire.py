@@ -32,6 +32,7 @@ from shared.messages import (
     new_request_id,
     seed_of,
 )
+from shared.model_config import SamplingDefaults
 from shared.names import Names
 from shared.schemas import SCHEMA_DIR, export_schemas, render, stale_schemas
 from shared.settings import CommonSettings, EnvSettings, SettingsError
@@ -246,8 +247,9 @@ def test_defaults() -> None:
     assert req.tenant == "default" and req.priority is Priority.INTERACTIVE
     assert req.sampling == SamplingParams()
     assert req.sampling.max_tokens == 16 and req.sampling.seed is None
-    assert not req.sampling.greedy
-    assert SamplingParams(temperature=0).greedy
+    # Sampling fields left out stay out on the wire: the worker gives the model's defaults.
+    assert req.sampling.temperature is req.sampling.top_p is req.sampling.top_k is None
+    assert b"temperature" not in encode(req)
     assert req.reply.redis and req.reply.kafka_topic is None
     assert new_request_id() != new_request_id()
 
@@ -431,3 +433,16 @@ def test_stale_schemas_notices_missing_and_edited_files(tmp_path: Path) -> None:
     (tmp_path / "Batch.json").write_bytes(b"{}\n")
     (tmp_path / "TokenEvent.json").unlink()
     assert sorted(stale_schemas(tmp_path)) == ["Batch.json", "TokenEvent.json"]
+
+
+def test_sampling_left_out_takes_the_model_defaults(tmp_path: Path) -> None:
+    assert SamplingDefaults.of_folder(tmp_path).resolve(None, None, None) == (1.0, 1.0, 0)
+    (tmp_path / "generation_config.json").write_text(
+        '{"do_sample": true, "temperature": 0.6, "top_p": 0.9, "eos_token_id": [1, 2]}'
+    )
+    defaults = SamplingDefaults.of_folder(tmp_path)
+    assert defaults.resolve(None, None, None) == (0.6, 0.9, 0)
+    assert defaults.resolve(0.0, None, 5) == (0.0, 0.9, 5)  # what a request gives wins
+    assert defaults.unapplied == ()
+    (tmp_path / "generation_config.json").write_text('{"repetition_penalty": 1.1, "min_p": 0.0}')
+    assert SamplingDefaults.of_folder(tmp_path).unapplied == ("repetition_penalty",)
