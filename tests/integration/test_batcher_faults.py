@@ -222,8 +222,8 @@ async def test_redis_restart_keeps_the_queue_and_every_request_is_dispatched_onc
             await produce(boot, stk.names.requests, [encode(r) for r in [*during, late]])
             await asyncio.sleep(3)
             stk.check_alive()
+            up_at = time.time()  # before the start returns: the batcher may see it first
             own_redis.start()
-            up_at = time.time()
             await wait_metric(stk, REDIS_UP, 1)
             batches = await read_batches(stk, {r.request_id for r in before + during}, 30)
             stk.check_alive()
