@@ -343,3 +343,48 @@ def test_disabled_prefix_cache_never_hits_and_reuses_every_block() -> None:
     assert kv.stats.prefix_hit_tokens == 0
     assert kv.stats.evictions == 0
     assert kv.num_free_blocks == 0
+
+
+# --- sliding windows ---------------------------------------------------------------------------
+def test_blocks_behind_the_window_are_released_as_the_sequence_moves_on() -> None:
+    kv = KVCacheManager(num_blocks=8, block_size=BS, window=6)
+    ids = toks(0, 40)
+    done = 0
+    for n in [5, 3, *[1] * 32]:  # a prefill in two chunks, then decodes
+        kv.allocate("s", ids, done + n)
+        done += n
+        kv.commit("s", ids, done)
+        # Position `done` attends to (done - 6, done]: blocks wholly before done - 5 go.
+        table = kv.table("s").block_ids
+        behind = max(0, done - 5) // BS
+        assert all(b == kv_cache.HOLE for b in table[:behind])
+        assert kv_cache.HOLE not in table[behind:]
+        assert kv.stats.used_blocks == len(table) - behind <= kv.max_blocks(40, 5)
+    assert kv.max_blocks(40, 5) == 4 < kv.blocks_for(40)  # 6 - 1 + 5 = 10 tokens: 3 blocks + 1
+    assert kv.stats.peak_used_blocks <= 4
+    kv.free("s")
+    assert kv.num_free_blocks == 8  # holes are not released twice
+
+
+def test_prefix_hits_behind_the_window_are_holes_and_cost_no_room() -> None:
+    kv = KVCacheManager(num_blocks=6, block_size=BS, window=4)
+    prompt = toks(0, 20)  # five full blocks
+    run_and_free(kv, "a", prompt)
+    again = [*prompt, 99]
+    # Every block is cached, so 20 tokens are hits; position 20 sees (16, 20]: block 4 only.
+    assert kv.can_allocate("b", again, 21)
+    assert kv.allocate("b", again, 21) == 20
+    table = kv.table("b").block_ids
+    assert table[:4] == (kv_cache.HOLE,) * 4 and kv_cache.HOLE not in table[4:]
+    assert kv.stats.used_blocks == 2  # block 4 (hit) and the new one for position 20
+    # The holes' blocks stay cached for the next sequence that starts the same way.
+    assert len(kv.cached_prefix_blocks(again)) == 5
+
+
+def test_without_a_window_nothing_is_released_early() -> None:
+    kv = KVCacheManager(num_blocks=8, block_size=BS)
+    ids = toks(0, 20)
+    kv.allocate("s", ids, 20)
+    kv.commit("s", ids, 20)
+    assert kv_cache.HOLE not in kv.table("s").block_ids
+    assert kv.max_blocks(20, 5) == kv.blocks_for(20) == 5

@@ -100,11 +100,13 @@ def test_greedy_through_the_engine_equals_generate(
     for i, n in enumerate(prompt_lengths(arch.context, rng, 9)):
         own = [rng.randrange(3, VOCAB) for _ in range(n)]
         prompts.append((shared + own)[: arch.context - NEW - 1] if i % 2 else own)
+    windowed = None not in arch.windows  # blocks behind the window are released
     engine = Engine(
         model,
         tok,
         EngineConfig(
-            kv_budget_tokens=18 * BLOCK * 2,  # a few sequences at a time: preemptions
+            # A few sequences at a time: preemptions.
+            kv_budget_tokens=(12 if windowed else 36) * BLOCK,
             block_size=BLOCK,
             prefill_chunk=24,
             max_step_tokens=64,
@@ -137,6 +139,33 @@ def test_greedy_through_the_engine_equals_generate(
     assert engine.max_context == arch.context
     sized = Engine(model, tok, EngineConfig(kv_budget_bytes=1 << 20, block_size=BLOCK))
     assert sized.stats.kv_blocks == (1 << 20) // (per_token * BLOCK)
+
+
+@pytest.mark.parametrize("name", [n for n, a in ARCHS.items() if None not in a.windows])
+def test_a_sequence_of_a_sliding_window_model_holds_a_window_of_blocks(
+    name: str, folders: Path, model_dir: str
+) -> None:
+    """Every layer slides: blocks behind the window are released as the sequence moves on,
+    so a request many windows long holds about a window of KV (the rest is never read)."""
+    arch = ARCHS[name]
+    model, tok = load(name, folders, model_dir)
+    rng = random.Random(14)
+    prompt = [rng.randrange(3, VOCAB) for _ in range(arch.context - 4 * NEW)]
+    new, chunk = 3 * NEW, 24
+    engine = Engine(
+        model, tok, EngineConfig(kv_budget_tokens=64 * BLOCK, block_size=BLOCK, prefill_chunk=chunk)
+    )
+    engine.add_request(EngineRequest("long", prompt, max_tokens=new, ignore_eos=True))
+    tokens, _ = collect(engine.run_until_idle())
+    assert tokens["long"] == reference(model, prompt, new)
+    # A window behind the first uncomputed position, plus the chunk, plus partial blocks.
+    bound = -(-(WINDOW - 1 + chunk) // BLOCK) + 1
+    full = -(-(len(prompt) + new) // BLOCK)
+    print(
+        f"{name}: {len(prompt) + new} tokens held at most {engine.stats.kv_peak_used_blocks} "
+        f"blocks of {BLOCK} (whole history: {full})"
+    )
+    assert engine.stats.kv_peak_used_blocks <= bound < full
 
 
 @pytest.mark.parametrize("name", list(REFUSED))

@@ -110,7 +110,12 @@ class Engine:
             budget_bytes=config.kv_budget_bytes,
         )
         num_blocks = self.runner.num_blocks
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        self.kv = KVCacheManager(
+            num_blocks,
+            config.block_size,
+            config.enable_prefix_cache,
+            window=self.runner.layout.max_window,
+        )
         self.scheduler = Scheduler(
             self.kv,
             SchedulerConfig(config.max_running, config.max_step_tokens, config.prefill_chunk),
@@ -174,7 +179,7 @@ class Engine:
             problem = "empty prompt"
         elif total > self.max_context:
             problem = f"prompt + max_tokens = {total} exceeds the model context {self.max_context}"
-        elif total > self.kv.num_blocks * self.kv.block_size:
+        elif self.kv.max_blocks(total, self.config.prefill_chunk) > self.kv.num_blocks:
             problem = f"prompt + max_tokens = {total} exceeds the KV budget"
         elif not 0 <= min(req.prompt_ids) <= max(req.prompt_ids) < self.vocab_size:
             # On CUDA an out-of-range id would not raise but poison the device for every

@@ -6,6 +6,11 @@ any later sequence whose tokens start the same way reuses it without recomputati
 ids are compared on a hit, so a hash collision can never serve wrong KV). Blocks are
 reference-counted; a block nobody references stays cached until the allocator needs it,
 least recently freed first.
+
+With a ``window`` (a model whose every layer attends to the last ``window`` positions
+only), a block that has fallen behind the window of every position still to be computed
+is released as soon as the sequence moves past it: its table keeps a ``HOLE`` at that
+index, and a sequence holds about a window of blocks however long it grows.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shared.prefix_hash import chain_hash
+
+# A table entry whose block was released: behind the window, never read unmasked again.
+HOLE = -1
 
 
 class OutOfBlocks(RuntimeError):
@@ -53,6 +61,7 @@ class KVCacheManager:
     num_blocks: int
     block_size: int = 16
     enable_prefix_cache: bool = True
+    window: int | None = None  # every layer's attention window; None: the whole history
     _blocks: list[_Block] = field(init=False)
     _free: OrderedDict[int, None] = field(init=False)  # ref == 0, oldest first
     _by_hash: dict[int, int] = field(init=False)
@@ -122,8 +131,23 @@ class KVCacheManager:
         if table is not None:
             return max(0, self.blocks_for(upto) - len(table))
         hits = self.cached_prefix_blocks(token_ids)
-        hits_free = sum(1 for b in hits if self._blocks[b].ref == 0)
+        kept = hits[self._behind(len(hits) * self.block_size) :]
+        hits_free = sum(1 for b in kept if self._blocks[b].ref == 0)
         return max(0, self.blocks_for(upto) - len(hits)) + hits_free
+
+    def _behind(self, num_computed: int) -> int:
+        """How many leading blocks no position from ``num_computed`` on attends to."""
+        if self.window is None:
+            return 0
+        return max(0, num_computed - self.window + 1) // self.block_size
+
+    def max_blocks(self, num_tokens: int, chunk: int) -> int:
+        """The most blocks a sequence of ``num_tokens`` ever holds, computed ``chunk``
+        tokens at a time at most."""
+        whole = self.blocks_for(num_tokens)
+        if self.window is None:
+            return whole
+        return min(whole, self.blocks_for(self.window - 1 + chunk) + 1)
 
     def allocate(self, seq_id: str, token_ids: Sequence[int], upto: int) -> int:
         """Extend the sequence's table to hold ``upto`` tokens. On the first allocation the
@@ -136,7 +160,9 @@ class KVCacheManager:
             table = []
             hits = self.cached_prefix_blocks(token_ids)
             self.stats.prefix_queries += 1
-            for bid in hits:
+            behind = self._behind(len(hits) * self.block_size)
+            table.extend([HOLE] * behind)  # hits behind the window: never read
+            for bid in hits[behind:]:
                 self._ref(bid)
                 table.append(bid)
             hit_tokens = len(hits) * self.block_size
@@ -148,33 +174,37 @@ class KVCacheManager:
         return hit_tokens
 
     def commit(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None:
-        """Register the sequence's full, computed blocks in the prefix cache."""
-        if not self.enable_prefix_cache:
-            return
+        """Register the sequence's full, computed blocks in the prefix cache; with a
+        window, then release the blocks no position from ``num_computed`` on attends to."""
         table = self._tables[seq_id]
         bs = self.block_size
-        parent: int | None = None
-        for i in range(min(num_computed // bs, len(table))):
-            block = self._blocks[table[i]]
-            chunk = tuple(token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(parent, chunk)
-            if block.hash is None and h not in self._by_hash:
-                block.hash, block.tokens, block.depth = h, chunk, i
-                self._by_hash[h] = block.block_id
-            parent = h
-        self.stats.cached_blocks = len(self._by_hash)
+        if self.enable_prefix_cache:
+            parent: int | None = None
+            for i in range(min(num_computed // bs, len(table))):
+                chunk = tuple(token_ids[i * bs : (i + 1) * bs])
+                h = chain_hash(parent, chunk)
+                parent = h
+                if table[i] == HOLE:
+                    continue
+                block = self._blocks[table[i]]
+                if block.hash is None and h not in self._by_hash:
+                    block.hash, block.tokens, block.depth = h, chunk, i
+                    self._by_hash[h] = block.block_id
+            self.stats.cached_blocks = len(self._by_hash)
+        if self.window is not None:
+            # Position p attends to (p - window, p]: blocks wholly before the first
+            # position the next query sees are never read again.
+            for i in range(min(self._behind(num_computed), len(table))):
+                if table[i] != HOLE:
+                    self._unref(table[i])
+                    table[i] = HOLE
+            self._note_usage()
 
     def free(self, seq_id: str) -> None:
         """Release the sequence's blocks; full ones stay cached until evicted."""
         for bid in reversed(self._tables.pop(seq_id, [])):
-            block = self._blocks[bid]
-            block.ref -= 1
-            if block.ref == 0:
-                if block.hash is None:
-                    self._free[bid] = None
-                    self._free.move_to_end(bid, last=False)  # uncached: reuse first
-                else:
-                    self._free[bid] = None
+            if bid != HOLE:
+                self._unref(bid)
         self._note_usage()
 
     # --- internals -------------------------------------------------------------------------
@@ -183,6 +213,14 @@ class KVCacheManager:
         if block.ref == 0:
             self._free.pop(bid, None)
         block.ref += 1
+
+    def _unref(self, bid: int) -> None:
+        block = self._blocks[bid]
+        block.ref -= 1
+        if block.ref == 0:
+            self._free[bid] = None
+            if block.hash is None:
+                self._free.move_to_end(bid, last=False)  # uncached: reuse first
 
     def _take_free(self) -> int:
         bid, _ = self._free.popitem(last=False)

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from services.worker.engine.kv_cache import HOLE
 from services.worker.engine.layout import AttentionLayout, UnsupportedModel, attention_layout
 
 
@@ -279,9 +280,7 @@ class _DecodeSlots:
         """Copy the items' KV before ``start`` from their pool blocks into their slots."""
         bs = self.block_size
         nblk = max(1, max(-(-it.start // bs) for it in items))
-        table = [
-            list(it.block_ids[:nblk]) + [0] * (nblk - len(it.block_ids[:nblk])) for it in items
-        ]
+        table = [_padded(it.block_ids, nblk) for it in items]
         device = self.k[0].device
         gather = torch.tensor(table, dtype=torch.long, device=device).view(-1)
         dst = torch.tensor(slots, dtype=torch.long, device=device)
@@ -447,10 +446,7 @@ class ModelRunner:
         w_rows, w_cols = valid.nonzero(as_tuple=True)
         w_pos = positions[w_rows, w_cols]
         nblk = -(-kv_len // bs)
-        table = torch.tensor(
-            [list(it.block_ids[:nblk]) + [0] * (nblk - len(it.block_ids[:nblk])) for it in items],
-            dtype=torch.long,
-        )
+        table = torch.tensor([_padded(it.block_ids, nblk) for it in items], dtype=torch.long)
         w_blocks = table[w_rows, w_pos // bs]
         cache = _PagedCache(
             (self.k_pool, self.v_pool),
@@ -471,3 +467,10 @@ class ModelRunner:
             logits_to_keep=(lens_t - 1).view(rows, 1).to(dev),  # each row's last token
         ).logits[:, 0]
         return logits.float()
+
+
+def _padded(block_ids: Sequence[int], n: int) -> list[int]:
+    """The first ``n`` entries of a block table, padded with block 0, holes (blocks
+    released behind a sliding window) read as block 0: what is read there is masked."""
+    head = [0 if b == HOLE else b for b in block_ids[:n]]
+    return head + [0] * (n - len(head))
