@@ -153,7 +153,7 @@ def cmd_schema(args: argparse.Namespace) -> None:
 
 
 def cmd_ask(args: argparse.Namespace) -> None:
-    from services.client import stream_completion
+    from services.ask import stream_completion
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(

@@ -18,7 +18,7 @@ from typing import BinaryIO
 from tqdm import tqdm
 
 from services.bulk.batch_file import BadLine, Job, done_ids, error_line, parse_line, result_line
-from shared.client import Producer
+from shared.producer import Producer
 from shared.settings import CommonSettings
 
 

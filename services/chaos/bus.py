@@ -1,5 +1,5 @@
 """What Kafka and Redis hold for requests sent around the edge: Kafka-reply requests
-(published with ``shared.client.Producer``) counted on the completions topic, dead
+(published with ``shared.producer.Producer``) counted on the completions topic, dead
 letters, and replay logs."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import redis.asyncio as aioredis
 
 from services.chaos.accounting import Expect, Outcome, log_outcome, reply_outcome
 from shared import token_stream
-from shared.client import Producer
 from shared.codec import DecodeError, decode
 from shared.kafka_io import make_consumer
 from shared.messages import DeadLetter, GenerateRequest, TokenEvent
 from shared.names import Names
+from shared.producer import Producer
 from shared.retry import REDIS_DOWN
 from shared.settings import CommonSettings
 
