@@ -7,7 +7,8 @@ import contextlib
 import contextvars
 import logging
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import orjson
 
@@ -45,9 +46,55 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(doc, default=str).decode()
 
 
+# Client libraries that log every failed try while a dependency is away (aiokafka: one
+# ERROR per reconnect, fetch and heartbeat, thousands per outage). The service's own
+# dependency record logs an outage once each way; these are kept, once per window.
+CHATTY_LOGGERS = ("aiokafka",)
+REPEAT_WINDOW_S = 30.0
+
+
+class RepeatFilter(logging.Filter):
+    """Lets through the first record of each kind (logger, level, message template) from
+    ``loggers`` in a window of ``window_s`` seconds; the first one after the window says
+    how many were held back."""
+
+    def __init__(
+        self,
+        loggers: tuple[str, ...] = CHATTY_LOGGERS,
+        window_s: float = REPEAT_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.prefixes = tuple(p + "." for p in loggers)
+        self.loggers = loggers
+        self.window_s = window_s
+        self.clock = clock
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}  # → (shown at, held)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        if name not in self.loggers and not name.startswith(self.prefixes):
+            return True
+        key = (name, record.levelno, str(record.msg))
+        now = self.clock()
+        shown = self._seen.get(key)
+        if shown is not None and now - shown[0] < self.window_s:
+            self._seen[key] = (shown[0], shown[1] + 1)
+            return False
+        if shown is not None and shown[1]:
+            record.msg = (
+                f"{record.msg} (and {shown[1]} more like it in the last {now - shown[0]:.0f} s)"
+            )
+        if len(self._seen) > 1024:  # bounded: templates are few, but never grow forever
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        return True
+
+
 def setup_logging(service: str, level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service))
+    handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
