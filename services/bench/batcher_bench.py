@@ -27,6 +27,7 @@ from services.batcher.config import BatcherSettings
 from services.batcher.routing import RoutingMode
 from services.batcher.service import BatcherService
 from services.bench.cluster import Stack, StreamRecorder, make_stack
+from services.bench.stats import pct
 from shared.codec import encode
 from shared.messages import GenerateRequest, SamplingParams
 
@@ -34,11 +35,6 @@ WORDS = (
     "return the value of each key in the mapping when it is not none and raise an error if the "
     "argument is a list of strings or a path to a file that does not exist yet"
 ).split()
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))] if s else float("nan")
 
 
 @dataclass
@@ -107,11 +103,11 @@ class Bench:
             sizes = list(batcher.batch_sizes)
         return {
             "low_load_batcher_wait_ms_p50": statistics.median(low_waits),
-            "low_load_batcher_wait_ms_p99": _pct(low_waits, 0.99),
+            "low_load_batcher_wait_ms_p99": pct(low_waits, 0.99),
             "low_load_handoff_ms_p50": statistics.median(low_handoff),
             "low_load_ttft_ms_p50": statistics.median(ttft),
             "load_batcher_wait_ms_p50": statistics.median(load_waits),
-            "load_batcher_wait_ms_p99": _pct(load_waits, 0.99),
+            "load_batcher_wait_ms_p99": pct(load_waits, 0.99),
             "load_batch_size_mean": statistics.fmean(sizes),
             "load_batch_size_histogram": dict(sorted(Counter(sizes).items())),
         }

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from services.bench.stats import pct
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
 
 
@@ -66,11 +67,6 @@ def _timed(fn: Callable[[], Any]) -> float:
     fn()
     _sync()
     return time.perf_counter() - t0
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def hf_serial(model: Any, prompts: list[list[int]], new: int | list[int]) -> float:
@@ -208,7 +204,7 @@ def run(
             "engine_vs_serial": ours / serial,
             "engine_vs_generate_batch": ours / cb if cb else None,
             "engine_ttft_p50_ms": 1000 * statistics.median(ttft),
-            "engine_ttft_p99_ms": 1000 * _pct(ttft, 0.99),
+            "engine_ttft_p99_ms": 1000 * pct(ttft, 0.99),
         }
         rep.throughput.append(row)
         print(json.dumps(row))

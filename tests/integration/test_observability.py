@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.bench.e2e_bench import scrape
+from services.bench.prometheus import scrape
 from shared.codec import encode
 from shared.messages import GenerateRequest, SamplingParams
 from tests.integration.harness import ROOT, Stack, StreamRecorder, produce

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from services.bench.e2e_bench import median_interval
+from services.bench.stats import median_interval
 
 
 def test_five_rounds_give_their_range_at_its_exact_coverage() -> None:
