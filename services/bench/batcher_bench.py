@@ -141,7 +141,7 @@ class Bench:
                 await asyncio.sleep(0.01)
                 stack.check_alive()
             wall = time.time() - t0
-            finals = [rec.stream(r.request_id)[-1] for r in reqs]
+            finals = [rec.final_event(r.request_id) for r in reqs]
         prompt = sum(f.usage.prompt_tokens for f in finals if f.usage)
         cached = sum(f.usage.cached_tokens for f in finals if f.usage)
         completion = sum(f.usage.completion_tokens for f in finals if f.usage)

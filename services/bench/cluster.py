@@ -1,6 +1,7 @@
 """Local service processes (worker, batcher, edge) on one topic prefix, and a recorder of
-every token event as clients receive them — for benchmarks and integration tests against a
-real Kafka and Redis."""
+every token event as clients receive them: what the benchmarks run against a real Kafka and
+Redis. The integration tests build on these (``tests/integration/harness.py`` adds the
+checks of a stream's events)."""
 
 from __future__ import annotations
 
@@ -165,7 +166,8 @@ def make_stack(prefix: str, infra: dict[str, str], model_dir: str, log_dir: Path
 
 class StreamRecorder:
     """Records every token event published under a prefix (one pattern subscription), as a
-    client would receive them — duplicates included — to check streams after failures."""
+    client would receive them, duplicates included, and when each stream's first and last
+    events arrived."""
 
     def __init__(self, redis_url: str, names: Names) -> None:
         self.client = aioredis.Redis.from_url(redis_url)
@@ -215,18 +217,6 @@ class StreamRecorder:
                 raise TimeoutError(f"{len(missing)} streams unfinished, e.g. {missing[:3]}\n{logs}")
             await asyncio.sleep(0.1)
 
-    def stream(self, request_id: str) -> list[TokenEvent]:
-        """The client's view: events by seq. Asserts that every duplicate delivery is
-        identical and that seqs are contiguous from 0 up to one final event."""
-        by_seq: dict[int, TokenEvent] = {}
-        for ev in self.raw.get(request_id, []):
-            if ev.seq in by_seq:
-                assert by_seq[ev.seq] == ev, (
-                    f"{request_id}: seq {ev.seq} delivered with different content"
-                )
-            by_seq[ev.seq] = ev
-        seqs = sorted(by_seq)
-        assert seqs == list(range(len(seqs))), f"{request_id}: gap in {seqs}"
-        events = [by_seq[s] for s in seqs]
-        assert [e.final for e in events].count(True) == 1 and events[-1].final, request_id
-        return events
+    def final_event(self, request_id: str) -> TokenEvent:
+        """The final event of a finished stream (its usage), as first received."""
+        return next(e for e in self.raw[request_id] if e.final)

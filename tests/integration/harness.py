@@ -1,5 +1,6 @@
-"""Test helpers over real Kafka and Redis: service processes (from services.bench.cluster),
-a recorder of every token event as clients receive them, and topic read/write helpers."""
+"""Test helpers over real Kafka and Redis: service processes (the benchmarks' own, from
+services.bench.cluster), a recorder of every token event as clients receive them that
+checks each stream's events, and topic read/write helpers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,34 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from services.bench.cluster import ROOT, Stack, StreamRecorder, free_port, make_stack
+from services.bench import cluster
+from services.bench.cluster import Stack, free_port, make_stack
+from shared.messages import TokenEvent
+from tests.conftest import ROOT
+
+
+class StreamRecorder(cluster.StreamRecorder):
+    """The benchmarks' recorder, with the client's view of a stream checked."""
+
+    async def __aenter__(self) -> StreamRecorder:
+        await super().__aenter__()
+        return self
+
+    def stream(self, request_id: str) -> list[TokenEvent]:
+        """The client's view: events by seq. Asserts that every duplicate delivery is
+        identical and that seqs are contiguous from 0 up to one final event."""
+        by_seq: dict[int, TokenEvent] = {}
+        for ev in self.raw.get(request_id, []):
+            if ev.seq in by_seq:
+                assert by_seq[ev.seq] == ev, (
+                    f"{request_id}: seq {ev.seq} delivered with different content"
+                )
+            by_seq[ev.seq] = ev
+        seqs = sorted(by_seq)
+        assert seqs == list(range(len(seqs))), f"{request_id}: gap in {seqs}"
+        events = [by_seq[s] for s in seqs]
+        assert [e.final for e in events].count(True) == 1 and events[-1].final, request_id
+        return events
 
 
 async def produce(

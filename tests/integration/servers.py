@@ -9,7 +9,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.bench.cluster import ROOT, free_port
+from tests.conftest import ROOT
+from tests.integration.harness import free_port
 
 
 @dataclass

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.bench.cluster import ROOT
-from tests.conftest import new_prefix
+from tests.conftest import ROOT, new_prefix
 from tests.integration.test_supervision import OwnStack, _started_by
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

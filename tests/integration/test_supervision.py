@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.bench.cluster import ROOT, free_port
-from tests.conftest import new_prefix
+from tests.conftest import ROOT, new_prefix
+from tests.integration.harness import free_port
 
 pytestmark = pytest.mark.integration
 
