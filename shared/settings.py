@@ -54,12 +54,24 @@ class EnvSettings(BaseModel):
 class CommonSettings(EnvSettings):
     """What every service needs: where Kafka and Redis are, and the name prefix."""
 
-    kafka_bootstrap: str = "127.0.0.1:9092"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    topic_prefix: str = "tw"
-    log_level: str = "INFO"
-    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0: off")
-    metrics_host: str = "127.0.0.1"
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers (host:port, comma-separated)"
+    )
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="the Redis server")
+    topic_prefix: str = Field(
+        "tw",
+        description="namespaces every Kafka topic, consumer group and Redis key, so "
+        "stacks can share one Kafka and one Redis",
+    )
+    log_level: str = Field("INFO", description="level of the JSON log lines")
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="worker and batcher: port of /metrics, /healthz and /readyz (the edge "
+        "serves them on its HTTP port); 0: off",
+    )
+    metrics_host: str = Field("127.0.0.1", description="address the metrics port listens on")
 
     @property
     def names(self) -> Names:

@@ -12,13 +12,21 @@ from shared.settings import CommonSettings
 
 
 class BatcherSettings(CommonSettings):
-    batcher_id: str = Field(default_factory=lambda: f"batcher-{socket.gethostname()}-{os.getpid()}")
-    window_min_ms: float = Field(50.0, ge=0)
-    window_max_ms: float = Field(100.0, ge=0)
+    batcher_id: str = Field(
+        default_factory=lambda: f"batcher-{socket.gethostname()}-{os.getpid()}",
+        description="this batcher's name in its batches and status "
+        "(default: batcher-<hostname>-<pid>)",
+    )
+    window_min_ms: float = Field(50.0, ge=0, description="the shortest batching window")
+    window_max_ms: float = Field(
+        100.0, ge=0, description="the longest batching window, reached as workers saturate"
+    )
     target_wait_ms: float = Field(200.0, gt=0, description="queue wait that shrinks the window")
-    max_batch_requests: int = Field(64, ge=1)
+    max_batch_requests: int = Field(
+        64, ge=1, description="most requests one dispatch takes; this many queued go at once"
+    )
     heartbeat_refresh_ms: float = Field(20.0, gt=0, description="how stale a worker view may be")
-    routing: RoutingMode = RoutingMode.AFFINITY
+    routing: RoutingMode = Field(RoutingMode.AFFINITY, description="how a request picks a worker")
     affinity_tolerance: int = Field(
         4, ge=0, description="load imbalance (requests) accepted to keep a prefix on its worker"
     )
@@ -27,7 +35,9 @@ class BatcherSettings(CommonSettings):
     interactive_reserve: int = Field(2, ge=0, description="slots per worker bulk never takes")
     fair_quantum_tokens: int = Field(64, ge=1, description="DRR credit per turn")
     max_queued_requests: int = Field(10_000, ge=1, description="pause consumption above this")
-    max_queued_tokens: int = Field(4_000_000, ge=1)
+    max_queued_tokens: int = Field(
+        4_000_000, ge=1, description="pause consumption above this (prompt + max_tokens)"
+    )
     kafka_request_timeout_ms: int = Field(
         30_000, ge=1000, description="a batch or dead letter unacknowledged this long is retried"
     )

@@ -14,8 +14,10 @@ from shared.token_stream import LOG_TTL_S
 class EdgeSettings(CommonSettings):
     """One edge process's configuration, read once at start-up."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="address the HTTP server listens on")
+    port: int = Field(
+        8000, ge=0, le=65535, description="the HTTP port: the API, /metrics, /healthz, /readyz"
+    )
     model_name: str = Field("tokenwire-tiny", description="the model id clients ask for")
     model_dir: str = Field(
         "",

@@ -16,15 +16,22 @@ def _default_worker_id() -> str:
 
 
 class WorkerSettings(CommonSettings):
-    worker_id: str = Field(default_factory=_default_worker_id)
+    worker_id: str = Field(
+        default_factory=_default_worker_id,
+        description="this worker's name in heartbeats and claims (default: <hostname>-<pid>)",
+    )
     model_dir: str = Field(description="a local Hugging Face model folder")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the model runs; auto: CUDA when available"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="the model's precision; auto: float32 on CPU, bfloat16 on CUDA"
+    )
     torch_threads: int = Field(0, ge=0, description="0: torch's default")
     engine_nice: int = Field(
         5, ge=0, le=19, description="the engine process's niceness above the worker's"
     )
-    kv_budget_tokens: int = Field(65_536, ge=16)
+    kv_budget_tokens: int = Field(65_536, ge=16, description="the KV pool's size in tokens")
     kv_budget_bytes: int | None = Field(
         None,
         ge=1,
@@ -32,14 +39,26 @@ class WorkerSettings(CommonSettings):
         "layer, head and dtype layout",
     )
     block_size: int = Field(16, ge=1, le=1024)
-    max_running: int = Field(64, ge=1)
-    max_step_tokens: int = Field(1024, ge=1)
-    prefill_chunk: int = Field(256, ge=1)
-    prefix_cache: bool = True
+    max_running: int = Field(
+        64, ge=1, description="most sequences the engine runs at once (the worker's slots)"
+    )
+    max_step_tokens: int = Field(
+        1024, ge=1, description="tokens one engine step computes: decodes, then prefill chunks"
+    )
+    prefill_chunk: int = Field(
+        256, ge=1, description="most prompt tokens of one sequence prefilled in a step"
+    )
+    prefix_cache: bool = Field(
+        True, description="reuse the cached KV blocks of prompts' shared prefixes"
+    )
     max_waiting: int = Field(256, ge=1, description="pause Kafka consumption above this")
-    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_interval_s: float = Field(
+        1.0, gt=0, description="time between heartbeats (one also goes out when requests end)"
+    )
     heartbeat_ttl_s: float = Field(3.0, gt=0)
-    done_ttl_s: int = Field(3600, ge=1)
+    done_ttl_s: int = Field(
+        3600, ge=1, description="how long a finished request's done marker stops a rerun"
+    )
     claim_ttl_s: float = Field(10.0, gt=0, description="a dead worker's claims expire after this")
     session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka group session timeout")
     drain_timeout_s: float = Field(

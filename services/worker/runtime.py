@@ -2,19 +2,14 @@
 publishing, heartbeats) talks to it over a pipe.
 
 Why a process: the engine's step is Python between PyTorch ops, and every op re-takes the
-GIL. An event-loop thread in the same process, however light, makes the engine wait for the
-GIL on every op it runs. Measured on 2 cores with the ``small`` preset at 32 streams, the
-engine alone made 583 tokens/s; beside a thread holding the GIL 5% of the time, 509 (0.87x);
-beside a process doing the same work, 546 (0.94x).
+GIL, so an event-loop thread in the same process, however light, would make the engine wait
+for the GIL on every op it runs.
 
 The engine process runs at a lower CPU priority than the worker (``EngineSpec.nice``; the
-worker passes ``TW_ENGINE_NICE``, 5 by default).
-At 1 stream the engine keeps both cores busy decoding while the processes around it relay
-the first token; at normal priority each of them, on waking, waited for an engine thread
-to be descheduled: up to a scheduler tick per hop. Measured with 60 probe requests per
-setting on 2 cores, engine step to the worker's publish p75 3.8 → 1.0 ms, publish to the
-client p50 3.1 → 0.7 ms; 32-stream throughput did not change (the engine still gets every
-cycle the rest leave idle).
+worker passes ``TW_ENGINE_NICE``, 5 by default). While the engine keeps every core busy
+decoding, the processes that relay its tokens then get a core as soon as they wake, instead
+of waiting for an engine thread to be descheduled; the engine still gets every cycle the
+rest leave idle. (The measurements behind both choices: docs/benchmarks.md.)
 
 The engine process steps on its main thread (the one that loads the model, so PyTorch's
 OpenMP team is the only one) and has no other threads: between steps it drains the pipe
