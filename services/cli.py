@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:2] == ["bench", "edge"]:
-        from services.edge.bench import main as bench_edge
+        from services.bench.edge_bench import main as bench_edge
 
         bench_edge(argv[2:])
         return

@@ -29,5 +29,5 @@ to Kafka, all at once. While Redis or Kafka is away new requests get 503 with
 ``Retry-After`` (``health.py``) and running streams wait it out. Bodies over
 ``TW_MAX_BODY_BYTES`` get 413 (``middleware.py``). Errors are OpenAI error JSON.
 
-``python -m services.edge.bench`` measures relay throughput and added latency.
+``python -m services.bench.edge_bench`` measures relay throughput and added latency.
 """

@@ -1,6 +1,6 @@
 """The edge under faults, against real Kafka and Redis and a real edge process, with no
 model: a publisher in the test writes token events into Redis the way workers do
-(``services.edge.bench``), so the edge relays streams that nothing generates.
+(``services.bench.edge_bench``), so the edge relays streams that nothing generates.
 
 - 10,000 requests through one edge leave its per-request maps and its memory flat.
 - Redis stopped for 3 s mid-stream: the stream completes with every seq once; new requests
@@ -23,7 +23,7 @@ import httpx
 import orjson
 import pytest
 
-from services.edge.bench import publish_steps
+from services.bench.edge_bench import publish_steps
 from shared.messages import FinishReason, TokenEvent
 from shared.names import Names
 from shared.resp import RespWriter, command
