@@ -41,8 +41,20 @@ class Wire(BaseModel):
 
 
 class Priority(StrEnum):
+    """A request's class: interactive requests are served before bulk ones."""
+
+    # Declared in the order served: ``rank`` counts from here.
     INTERACTIVE = "interactive"
     BULK = "bulk"
+
+    @property
+    def rank(self) -> int:
+        """0 for the class served first: the batcher's queue classes and the engine's
+        scheduling order both count this way (lower first)."""
+        return _PRIORITY_RANK[self]
+
+
+_PRIORITY_RANK = {p: i for i, p in enumerate(Priority)}
 
 
 class FinishReason(StrEnum):

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
@@ -49,6 +49,7 @@ from services.batcher.sizing import pack, request_room
 from services.batcher.window import WindowPolicy
 from shared import registry
 from shared.codec import DecodeError, decode, encode
+from shared.consumer_flow import Backpressure, Rebalance
 from shared.dead_letters import dead_letter
 from shared.kafka_io import KafkaProbe, RenewingProducer, make_consumer
 from shared.messages import Batch, BatcherStatus, GenerateRequest, Priority, WorkerHeartbeat
@@ -96,17 +97,6 @@ class Pending:
         return Rejected(letter)
 
 
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, service: BatcherService) -> None:
-        self.service = service
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.service.release(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        pass
-
-
 class BatcherService:
     def __init__(self, settings: BatcherSettings, tokenizer: Any = None) -> None:
         self.settings = settings
@@ -140,7 +130,9 @@ class BatcherService:
         )
         self.rejects = Rejects(self.producer, self.kafka, self.redis, self.names, self.metrics)
         self._request_room = request_room(settings.batcher_id)
-        self.queue: FairQueue[Pending] = FairQueue(quantum=settings.fair_quantum_tokens)
+        self.queue: FairQueue[Pending] = FairQueue(
+            quantum=settings.fair_quantum_tokens, classes=len(Priority)
+        )
         # Offsets read but not yet safe: queued, in a batch not yet acknowledged, or
         # rejected with a dead letter or error event still to send.
         self._unacked: dict[TopicPartition, set[int]] = defaultdict(set)
@@ -154,7 +146,7 @@ class BatcherService:
         self._workers_at = 0.0
         self._status_at = 0.0
         self._bad_heartbeat_logged_at = 0.0
-        self._paused = False
+        self.backpressure = Backpressure(self.consumer)
         self._stopping = asyncio.Event()
         self.batch_sizes: deque[int] = deque(maxlen=100_000)
         # Per request: arrival → dispatch decision (the window's share), and decision →
@@ -171,7 +163,9 @@ class BatcherService:
         )
         await self.producer.start()
         self.kafka_probe.start()
-        self.consumer.subscribe([self.names.requests], listener=_Rebalance(self))
+        self.consumer.subscribe(
+            [self.names.requests], listener=Rebalance(lambda revoked: self.release(set(revoked)))
+        )
         await self.consumer.start()
         try:
             while not self._stopping.is_set():
@@ -284,8 +278,7 @@ class BatcherService:
         # only for what is dispatched (see _affinity), never for the whole backlog.
         req = p.request
         cost = req.prompt_chars // 4 + 1 + req.sampling.max_tokens
-        prio = 0 if req.priority is Priority.INTERACTIVE else 1
-        self.queue.push(Queued(p, req.tenant, prio, cost, now))
+        self.queue.push(Queued(p, req.tenant, req.priority.rank, cost, now))
 
     def _affinity(self, req: GenerateRequest) -> list[int]:
         """Leading block hashes of the prompt, as the workers' prefix caches key them.
@@ -504,18 +497,13 @@ class BatcherService:
 
     # --- backpressure -------------------------------------------------------------------
     def _apply_backpressure(self) -> None:
+        """Pause consumption while the queue is over its limits, until it is down to half."""
         s = self.settings
         held = len(self.queue) + len(self.rejects)
         over = held >= s.max_queued_requests or self.queue.tokens >= s.max_queued_tokens
         under = held <= s.max_queued_requests // 2 and self.queue.tokens <= s.max_queued_tokens // 2
-        parts = list(self.consumer.assignment())
-        if over and not self._paused:
-            self.consumer.pause(*parts)
-            self._paused = True
+        if self.backpressure.apply(full=over, room=under) and self.backpressure.paused:
             log.info("queue full (%d requests): paused consumption", held)
-        elif self._paused and under:
-            self.consumer.resume(*parts)
-            self._paused = False
 
     async def _publish_status(self) -> None:
         now = time.time()
@@ -527,7 +515,7 @@ class BatcherService:
             batcher_id=self.settings.batcher_id,
             queued_requests=len(self.queue),
             queued_tokens=self.queue.tokens,
-            paused=self._paused,
+            paused=self.backpressure.paused,
         )
         bid = self.settings.batcher_id
         index, key = self.names.batchers_index, self.names.batcher_status(bid)
@@ -546,7 +534,7 @@ class BatcherService:
         m = self.metrics
         m.queue_depth.set(len(self.queue))
         m.queue_tokens.set(self.queue.tokens)
-        m.paused.set(int(self._paused))
+        m.paused.set(int(self.backpressure.paused))
         oldest = self.queue.oldest()
         wait_ms = (now - oldest) * 1000 if oldest is not None else 0.0
         m.window_ms.set(self.policy.window_ms(_saturation(self._workers), wait_ms))

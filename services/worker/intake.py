@@ -23,8 +23,9 @@ from services.worker.output import Output
 from services.worker.requests import Phase
 from services.worker.settle import REPLY_TOPIC_NOT_FOUND
 from shared.codec import DecodeError, decode
+from shared.consumer_flow import Backpressure
 from shared.dead_letters import dead_letter_of_record
-from shared.messages import Batch, FinishReason, GenerateRequest, Priority, TokenEvent
+from shared.messages import Batch, FinishReason, GenerateRequest, TokenEvent
 from shared.prompts import prompt_token_ids
 from shared.retry import REDIS_DOWN
 
@@ -43,7 +44,7 @@ class Intake:
     def __init__(self, ctx: WorkerContext, output: Output) -> None:
         self.ctx = ctx
         self.output = output
-        self._paused = False
+        self.backpressure = Backpressure(ctx.consumer)
         self._topics: set[str] = set()  # reply topics known to exist
         self._topics_at = 0.0
 
@@ -58,14 +59,8 @@ class Intake:
 
     def _apply_backpressure(self) -> None:
         """Stop fetching while the engine's queue is long; Kafka keeps the rest durable."""
-        ctx = self.ctx
-        full = ctx.runner.stats.waiting >= ctx.settings.max_waiting
-        parts = list(ctx.consumer.assignment())
-        if full and not self._paused:
-            ctx.consumer.pause(*parts)
-        elif not full and self._paused:
-            ctx.consumer.resume(*parts)
-        self._paused = full
+        full = self.ctx.runner.stats.waiting >= self.ctx.settings.max_waiting
+        self.backpressure.apply(full=full, room=not full)
 
     async def take_batch(self, tp: TopicPartition, msg: ConsumerRecord[Any, Any]) -> None:
         ctx = self.ctx
@@ -224,7 +219,7 @@ class Intake:
                 stop=sp.stop,
                 stop_token_ids=sp.stop_token_ids,
                 ignore_eos=sp.ignore_eos,
-                priority=0 if req.priority is Priority.INTERACTIVE else 1,
+                priority=req.priority.rank,
             )
         )
 

@@ -29,7 +29,7 @@ import logging
 import time
 from typing import Any
 
-from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import TopicPartition
 
 from services.worker.config import WorkerSettings
 from services.worker.context import WorkerContext
@@ -40,6 +40,7 @@ from services.worker.requests import Phase
 from services.worker.runtime import EngineProcess
 from services.worker.settle import Settler
 from shared import registry
+from shared.consumer_flow import Rebalance
 from shared.metrics import serve_metrics
 from shared.retry import REDIS_DOWN
 
@@ -48,20 +49,6 @@ log = logging.getLogger(__name__)
 SHUTDOWN_STEP_S = 5.0
 # Requests a revoked partition takes away (settling ones finish here).
 _HELD = (Phase.CLAIMING, Phase.CLAIMED, Phase.RUNNING, Phase.DEFERRED)
-
-
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, service: WorkerService) -> None:
-        self.service = service
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.service.hand_back([tp.partition for tp in revoked])
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        now = time.time()
-        for tp in assigned:
-            self.service.ctx.assigned_at[tp.partition] = now
-        log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
 
 
 class WorkerService:
@@ -89,7 +76,12 @@ class WorkerService:
         await ctx.runner.attach()
         await ctx.producer.start()
         ctx.kafka_probe.start()
-        ctx.consumer.subscribe([ctx.names.batches], listener=_Rebalance(self))
+        ctx.consumer.subscribe(
+            [ctx.names.batches],
+            listener=Rebalance(
+                lambda revoked: self.hand_back([tp.partition for tp in revoked]), self._assigned
+            ),
+        )
         await ctx.consumer.start()
         consume = asyncio.create_task(self.intake.run(), name="consume")
         others = [
@@ -158,6 +150,12 @@ class WorkerService:
         await ctx.publisher.aclose()
         await ctx.claims.aclose()
         await ctx.redis.aclose()
+
+    def _assigned(self, assigned: list[TopicPartition]) -> None:
+        now = time.time()
+        for tp in assigned:
+            self.ctx.assigned_at[tp.partition] = now
+        log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
 
     async def hand_back(self, partitions: list[int]) -> None:
         """Stop generating the unfinished requests of ``partitions`` (revoked or shutting
