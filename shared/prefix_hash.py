@@ -1,9 +1,17 @@
 """Chained hashes of full blocks of token ids: the prefix cache's keys, and what workers
-advertise and batchers match for prefix-affinity routing (deterministic across processes)."""
+advertise and batchers match for prefix-affinity routing (deterministic across processes).
+
+The two sides hash alike only when they cut prompts into the same blocks and look as deep:
+both read the block size from the same setting (``FleetSettings.block_size``, default
+``BLOCK_SIZE``) and the depth from ``AFFINITY_DEPTH``. Each worker's heartbeat carries
+both, and a batcher refuses to route to a worker whose values differ from its own."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+BLOCK_SIZE = 16  # tokens per KV block: the default of TW_BLOCK_SIZE
+AFFINITY_DEPTH = 4  # leading blocks a worker advertises and a batcher hashes for routing
 
 
 def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:

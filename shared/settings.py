@@ -13,6 +13,7 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.names import Names
+from shared.prefix_hash import BLOCK_SIZE
 
 ENV_PREFIX = "TW_"
 
@@ -76,3 +77,20 @@ class CommonSettings(EnvSettings):
     @property
     def names(self) -> Names:
         return Names(self.topic_prefix)
+
+
+class FleetSettings(CommonSettings):
+    """What the batcher and the workers must agree on; both read the same variables."""
+
+    block_size: int = Field(
+        BLOCK_SIZE,
+        ge=1,
+        le=1024,
+        description="tokens per KV block: the workers' prefix cache and the batcher's prefix "
+        "hashes (a worker advertising another is never routed to)",
+    )
+    heartbeat_ttl_s: float = Field(
+        3.0,
+        gt=0,
+        description="a worker's heartbeat lives this long: a worker silent this long is gone",
+    )

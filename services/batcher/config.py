@@ -8,10 +8,10 @@ import socket
 from pydantic import Field
 
 from services.batcher.routing import RoutingMode
-from shared.settings import CommonSettings
+from shared.settings import FleetSettings
 
 
-class BatcherSettings(CommonSettings):
+class BatcherSettings(FleetSettings):
     batcher_id: str = Field(
         default_factory=lambda: f"batcher-{socket.gethostname()}-{os.getpid()}",
         description="this batcher's name in its batches and status "
@@ -30,7 +30,6 @@ class BatcherSettings(CommonSettings):
     affinity_tolerance: int = Field(
         4, ge=0, description="load imbalance (requests) accepted to keep a prefix on its worker"
     )
-    block_size: int = Field(16, ge=1, description="must match the workers' KV block size")
     model_dir: str = Field("", description="tokenizer for prefix-affinity routing (optional)")
     interactive_reserve: int = Field(2, ge=0, description="slots per worker bulk never takes")
     fair_quantum_tokens: int = Field(64, ge=1, description="DRR credit per turn")

@@ -55,16 +55,14 @@ from shared.kafka_io import KafkaProbe, RenewingProducer, make_consumer
 from shared.messages import Batch, BatcherStatus, GenerateRequest, Priority, WorkerHeartbeat
 from shared.metrics import serve_metrics
 from shared.names import Names
-from shared.prefix_hash import block_hashes
+from shared.prefix_hash import AFFINITY_DEPTH, block_hashes
 from shared.retry import Dependency
 
 log = logging.getLogger(__name__)
 
-AFFINITY_BLOCKS = 4  # leading blocks hashed for routing
-AFFINITY_CHARS = 2048  # enough text for AFFINITY_BLOCKS blocks of tokens
+AFFINITY_CHARS = 2048  # enough text for AFFINITY_DEPTH blocks of tokens
 TRANSIT_MARGIN_S = 0.02  # a batch sent this long before a heartbeat may not be in it yet
 SENT_MEMORY_S = 5.0
-WORKER_TTL_S = 3.0  # a worker silent this long is gone (its heartbeat key expired too)
 # Ticks end by refreshing the worker view, so a request that arrives is routed on a view
 # from before it (no Redis round trip on its path) unless that is older than this. Workers
 # beat every second, or at most every 50 ms when requests finish; what this batcher sent
@@ -293,7 +291,7 @@ class BatcherService:
             ids = self.tokenizer(text[:AFFINITY_CHARS], add_special_tokens=False)["input_ids"]
         else:
             ids = self.tokenizer((req.prompt or "")[:AFFINITY_CHARS])["input_ids"]
-        return block_hashes(ids, self.settings.block_size, AFFINITY_BLOCKS)
+        return block_hashes(ids, self.settings.block_size, AFFINITY_DEPTH)
 
     def _expire(self, now: float) -> list[Rejected]:
         """Queued requests whose deadline passed while they waited."""
@@ -318,10 +316,9 @@ class BatcherService:
         if not force and self._view_ok and age_ms < self.settings.heartbeat_refresh_ms:
             return self._workers
         index, key_of = self.names.workers_index, self.names.heartbeat
+        ttl_s = self.settings.heartbeat_ttl_s
         try:
-            raw = await self.redis.call(
-                lambda c: registry.read_live(c, index, key_of, WORKER_TTL_S)
-            )
+            raw = await self.redis.call(lambda c: registry.read_live(c, index, key_of, ttl_s))
         except RedisAway:
             self._view_ok = False
             return None

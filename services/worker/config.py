@@ -8,14 +8,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from shared.settings import CommonSettings
+from shared.settings import FleetSettings
 
 
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class WorkerSettings(CommonSettings):
+class WorkerSettings(FleetSettings):
     worker_id: str = Field(
         default_factory=_default_worker_id,
         description="this worker's name in heartbeats and claims (default: <hostname>-<pid>)",
@@ -38,7 +38,6 @@ class WorkerSettings(CommonSettings):
         description="the KV pool in bytes (replaces kv_budget_tokens): tokens from the model's "
         "layer, head and dtype layout",
     )
-    block_size: int = Field(16, ge=1, le=1024)
     max_running: int = Field(
         64, ge=1, description="most sequences the engine runs at once (the worker's slots)"
     )
@@ -55,7 +54,6 @@ class WorkerSettings(CommonSettings):
     heartbeat_interval_s: float = Field(
         1.0, gt=0, description="time between heartbeats (one also goes out when requests end)"
     )
-    heartbeat_ttl_s: float = Field(3.0, gt=0)
     done_ttl_s: int = Field(
         3600, ge=1, description="how long a finished request's done marker stops a rerun"
     )

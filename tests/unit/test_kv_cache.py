@@ -6,7 +6,7 @@ import pytest
 
 from services.worker.engine import kv_cache
 from services.worker.engine.kv_cache import KVCacheManager, OutOfBlocks
-from shared.prefix_hash import chain_hash
+from shared.prefix_hash import AFFINITY_DEPTH, block_hashes, chain_hash
 
 BS = 4
 
@@ -184,6 +184,13 @@ def test_summary_hashes_keep_only_leading_blocks() -> None:
     first = chain_hash(None, ids[:BS])
     second = chain_hash(first, ids[BS : 2 * BS])
     assert set(kv.summary_hashes(10, max_depth=2)) == {first, second}
+
+
+def test_the_summary_reaches_exactly_as_deep_as_the_batcher_hashes() -> None:
+    kv = KVCacheManager(16, BS)
+    ids = toks(0, (AFFINITY_DEPTH + 2) * BS)
+    run_and_free(kv, "a", [*ids, 1])
+    assert set(kv.summary_hashes(100)) == set(block_hashes(ids, BS, AFFINITY_DEPTH))
 
 
 # --- eviction --------------------------------------------------------------------------------

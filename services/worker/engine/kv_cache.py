@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shared.prefix_hash import chain_hash
+from shared.prefix_hash import AFFINITY_DEPTH, chain_hash
 
 # A table entry whose block was released: behind the window, never read unmasked again.
 HOLE = -1
@@ -113,7 +113,7 @@ class KVCacheManager:
             parent = h
         return hits
 
-    def summary_hashes(self, limit: int, max_depth: int = 4) -> list[int]:
+    def summary_hashes(self, limit: int, max_depth: int = AFFINITY_DEPTH) -> list[int]:
         """Hashes of cached leading blocks (chain depth < ``max_depth``) for routing:
         blocks in use first, then the most recently freed."""
         used = [b for b in self._blocks if b.ref > 0 and b.hash is not None]
