@@ -223,6 +223,18 @@ class WorkerHeartbeat(Wire):
     prefix_hashes: list[int] = Field(
         default_factory=list, description="hashes of the worker's hottest cached prefix blocks"
     )
+    block_size: int = Field(
+        0,
+        ge=0,
+        description="tokens per KV block the prefix hashes are cut at (0: not advertised, an "
+        "older worker; a batcher routes to a worker only if it matches its own)",
+    )
+    affinity_depth: int = Field(
+        0,
+        ge=0,
+        description="leading blocks of a prompt the prefix hashes reach (0: not advertised, an "
+        "older worker; a batcher routes to a worker only if it matches its own)",
+    )
 
 
 class BatcherStatus(Wire):

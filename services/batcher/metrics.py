@@ -73,6 +73,13 @@ class BatcherMetrics:
         self.bad_heartbeats = Counter(
             "tw_batcher_bad_heartbeats", "worker heartbeats that did not decode", registry=r
         )
+        self.refused_workers = Gauge(
+            "tw_batcher_refused_workers",
+            "live workers never routed to: their block size or affinity depth differs from "
+            "this batcher's (reason: block_size, affinity_depth)",
+            ["reason"],
+            registry=r,
+        )
         self.requeued = Counter(
             "tw_batcher_requeued", "requests put back in the queue after a failed send", registry=r
         )

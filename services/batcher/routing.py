@@ -6,6 +6,9 @@ unless that worker is overloaded: ``tolerance`` or more requests queued beyond i
 or ``tolerance`` fewer free slots than the least-loaded worker (so affinity never idles
 half the fleet). Then, and for requests without a full leading block, the least-loaded
 worker takes it.
+
+Only workers that hash prompts as this batcher does are routed to (``refusal``): a worker
+advertising another block size or affinity depth is left out of the view altogether.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from shared.messages import WorkerHeartbeat
+from shared.prefix_hash import AFFINITY_DEPTH
 
 
 class RoutingMode(StrEnum):
@@ -46,6 +50,42 @@ class WorkerView:
     @property
     def worker_id(self) -> str:
         return self.hb.worker_id
+
+
+class Refusal(StrEnum):
+    """Why a live worker is never routed to (the metric's label)."""
+
+    BLOCK_SIZE = "block_size"
+    AFFINITY_DEPTH = "affinity_depth"
+
+
+def refusal(
+    hb: WorkerHeartbeat, block_size: int, affinity_depth: int = AFFINITY_DEPTH
+) -> Refusal | None:
+    """Why this batcher (cutting prompts into ``block_size`` blocks, hashing
+    ``affinity_depth`` of them) must not route to the worker of ``hb``, or None. A worker
+    that does not advertise a value (0: an older one) is not refused for it."""
+    if hb.block_size and hb.block_size != block_size:
+        return Refusal.BLOCK_SIZE
+    if hb.affinity_depth and hb.affinity_depth != affinity_depth:
+        return Refusal.AFFINITY_DEPTH
+    return None
+
+
+def admit(
+    heartbeats: Sequence[WorkerHeartbeat], block_size: int, affinity_depth: int = AFFINITY_DEPTH
+) -> tuple[list[WorkerHeartbeat], dict[str, Refusal]]:
+    """The heartbeats of the workers this batcher may route to, and why each other worker
+    is refused (by worker id)."""
+    admitted: list[WorkerHeartbeat] = []
+    refused: dict[str, Refusal] = {}
+    for hb in heartbeats:
+        why = refusal(hb, block_size, affinity_depth)
+        if why is None:
+            admitted.append(hb)
+        else:
+            refused[hb.worker_id] = why
+    return admitted, refused
 
 
 def _score(key: int, w: WorkerView) -> int:

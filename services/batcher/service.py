@@ -44,7 +44,14 @@ from services.batcher.links import (
 )
 from services.batcher.metrics import BatcherMetrics
 from services.batcher.rejects import Rejected, Rejects
-from services.batcher.routing import Router, RoutingMode, WorkerView, partition_for
+from services.batcher.routing import (
+    Refusal,
+    Router,
+    RoutingMode,
+    WorkerView,
+    admit,
+    partition_for,
+)
 from services.batcher.sizing import pack, request_room
 from services.batcher.window import WindowPolicy
 from shared import registry
@@ -137,6 +144,7 @@ class BatcherService:
         self._consumed: dict[TopicPartition, int] = {}  # offset after the last one read
         self._committed: dict[TopicPartition, int] = {}
         self._workers: list[WorkerView] = []
+        self._refused: dict[str, Refusal] = {}  # live workers never routed to, and why
         self._view_ok = False  # False while Redis is away: no view, no dispatch
         # What this batcher sent to each worker, and when: a heartbeat older than a send
         # does not count it yet, so the view subtracts it (no over-dispatch between beats).
@@ -323,20 +331,43 @@ class BatcherService:
             self._view_ok = False
             return None
         self._workers_at, self._view_ok = now, True
-        views = [v for v in (self._view_of(data, now) for data in raw) if v is not None]
+        beats = [hb for hb in (self._decode_heartbeat(data, now) for data in raw) if hb]
+        admitted, refused = admit(beats, self.settings.block_size)
+        self._note_refused(refused, beats)
+        views = [self._view(hb, now) for hb in admitted if hb.partitions]
         self._workers = sorted(views, key=lambda w: w.worker_id)
         return self._workers
 
-    def _view_of(self, data: bytes, now: float) -> WorkerView | None:
+    def _decode_heartbeat(self, data: bytes, now: float) -> WorkerHeartbeat | None:
         try:
-            hb = decode(WorkerHeartbeat, data)
+            return decode(WorkerHeartbeat, data)
         except DecodeError as exc:
             self.metrics.bad_heartbeats.inc()
             if now - self._bad_heartbeat_logged_at > 60:  # it is read at every tick
                 self._bad_heartbeat_logged_at = now
                 log.warning("a worker heartbeat does not decode (%s): %s", exc.reason, exc.detail)
             return None
-        return self._view(hb, now) if hb.partitions else None
+
+    def _note_refused(self, refused: dict[str, Refusal], beats: list[WorkerHeartbeat]) -> None:
+        """Log each worker once as it is refused (the view is read at every tick), and
+        count the refused ones by reason."""
+        for hb in beats:
+            why = refused.get(hb.worker_id)
+            if why is not None and self._refused.get(hb.worker_id) is not why:
+                log.error(
+                    "worker %s is never routed to (%s differs): it hashes blocks of %d tokens "
+                    "%d deep, this batcher %d and %d (TW_BLOCK_SIZE must be the same on both)",
+                    hb.worker_id,
+                    why.value,
+                    hb.block_size,
+                    hb.affinity_depth,
+                    self.settings.block_size,
+                    AFFINITY_DEPTH,
+                )
+        self._refused = refused
+        for reason in Refusal:
+            n = sum(1 for why in refused.values() if why is reason)
+            self.metrics.refused_workers.labels(reason=reason.value).set(n)
 
     def _view(self, hb: WorkerHeartbeat, now: float) -> WorkerView:
         sent = self._sent[hb.worker_id]
@@ -349,6 +380,10 @@ class BatcherService:
         """Take what the workers have room for and send one batch per target partition.
         A batch Kafka did not take goes back to the queue, to be sent again."""
         if not self.kafka.open():
+            return
+        if not workers and self._refused:
+            # Only refused workers are live: a batch sent by hash could land on one of
+            # their partitions, so the queue waits for a worker to route to.
             return
         decided = time.time()
         items = self._take(workers)

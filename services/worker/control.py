@@ -9,13 +9,16 @@ import logging
 
 from aiokafka.errors import KafkaError
 
+from services.worker.config import WorkerSettings
 from services.worker.context import WorkerContext
+from services.worker.engine.engine import EngineStats
 from services.worker.events import RequestState
 from services.worker.intake import Intake
 from services.worker.requests import Phase
 from shared import registry
 from shared.codec import DecodeError, decode, encode
 from shared.messages import CancelRequest, WorkerHeartbeat
+from shared.prefix_hash import AFFINITY_DEPTH
 from shared.retry import REDIS_DOWN
 
 log = logging.getLogger("services.worker.service")
@@ -52,18 +55,8 @@ class Heartbeat:
     async def beat(self) -> None:
         ctx, s = self.ctx, self.ctx.settings
         st = ctx.runner.stats
-        hb = WorkerHeartbeat(
-            worker_id=s.worker_id,
-            partitions=sorted(tp.partition for tp in ctx.consumer.assignment()),
-            # Negative when requests queue beyond the running cap: batchers count it.
-            free_slots=s.max_running - st.running - st.waiting,
-            free_kv_tokens=st.free_kv_tokens,
-            kv_bytes_per_token=st.kv_bytes_per_token,
-            running=st.running,
-            waiting=st.waiting,
-            kv_used_tokens=st.kv_used_blocks * st.block_size,
-            prefix_hashes=await self._prefix_summary(),
-        )
+        partitions = sorted(tp.partition for tp in ctx.consumer.assignment())
+        hb = heartbeat_of(s, st, partitions, await self._prefix_summary())
         pipe = ctx.redis.pipeline(transaction=False)
         key = ctx.names.heartbeat(s.worker_id)
         registry.advertise(
@@ -118,6 +111,27 @@ class Heartbeat:
                 continue
             unfetched += max(0, high - pos)
         return unfetched + self.ctx.offsets.unfinished_batches()
+
+
+def heartbeat_of(
+    s: WorkerSettings, st: EngineStats, partitions: list[int], summary: list[int]
+) -> WorkerHeartbeat:
+    """What a worker advertises: its load, its cache summary (``summary``, the engine's
+    cached blocks to ``AFFINITY_DEPTH`` deep) and how that summary was hashed."""
+    return WorkerHeartbeat(
+        worker_id=s.worker_id,
+        partitions=partitions,
+        # Negative when requests queue beyond the running cap: batchers count it.
+        free_slots=s.max_running - st.running - st.waiting,
+        free_kv_tokens=st.free_kv_tokens,
+        kv_bytes_per_token=st.kv_bytes_per_token,
+        running=st.running,
+        waiting=st.waiting,
+        kv_used_tokens=st.kv_used_blocks * st.block_size,
+        prefix_hashes=summary,
+        block_size=st.block_size,
+        affinity_depth=AFFINITY_DEPTH,
+    )
 
 
 async def listen_for_cancels(ctx: WorkerContext) -> None:

@@ -58,12 +58,21 @@ class FakeWorker:
     """A worker's heartbeat, refreshed in Redis every 0.2 s (and again as soon as Redis
     answers after an outage): what the batcher routes on."""
 
-    def __init__(self, redis_url: str, names: Names, partitions: list[int], free_slots: int):
+    def __init__(
+        self,
+        redis_url: str,
+        names: Names,
+        partitions: list[int],
+        free_slots: int,
+        name: str = "fake",
+        block_size: int = 0,  # 0: not advertised, as before heartbeats carried it
+    ):
         self.client = aioredis.Redis.from_url(redis_url, socket_connect_timeout=0.5)
         self.names = names
         self.partitions = partitions
         self.free_slots = free_slots
-        self.worker_id = f"{names.prefix}-fake"
+        self.worker_id = f"{names.prefix}-{name}"
+        self.block_size = block_size
 
     async def beat(self) -> None:
         hb = WorkerHeartbeat(
@@ -71,6 +80,7 @@ class FakeWorker:
             partitions=self.partitions,
             free_slots=self.free_slots,
             free_kv_tokens=1_000_000,
+            block_size=self.block_size,
         )
         pipe = self.client.pipeline(transaction=False)
         key = self.names.heartbeat(self.worker_id)
@@ -199,6 +209,38 @@ async def wait_queued(stk: Stack, n: int, within_s: float = 30) -> None:
     finally:
         await client.aclose()
     raise TimeoutError(f"the batcher did not queue {n} requests:\n{stk.logs()}")
+
+
+async def test_a_worker_cutting_other_blocks_is_never_sent_a_batch(
+    infra: dict[str, str], model_dir: str
+) -> None:
+    stk = await new_stack(infra, model_dir, "bf-refused")
+    boot, url = stk.env["TW_KAFKA_BOOTSTRAP"], stk.env["TW_REDIS_URL"]
+    held, more = requests(5, "held"), requests(5, "more")
+    odd = FakeWorker(url, stk.names, partitions=[1], free_slots=1000, name="odd", block_size=32)
+    good = FakeWorker(url, stk.names, partitions=[0], free_slots=1000, name="ok", block_size=16)
+    try:
+        async with odd.running():
+            stk.start("batcher")
+            await stk.wait_ready(workers=1)
+            await produce(boot, stk.names.requests, [encode(r) for r in held])
+            await wait_queued(stk, len(held))  # the batcher is up, its metrics too
+            await wait_metric(stk, 'tw_batcher_refused_workers{reason="block_size"}', 1)
+            # Only the refused worker is live: nothing goes out (a batch sent by hash could
+            # land on its partition).
+            assert await read_batches(stk, {"nothing"}, 2) == []
+            async with good.running():
+                await produce(boot, stk.names.requests, [encode(r) for r in more])
+                batches = await read_batches(stk, {r.request_id for r in held + more}, 30)
+            stk.check_alive()
+            assert await metric(stk, 'tw_batcher_refused_workers{reason="block_size"}') == 1
+    finally:
+        stk.stop_all()
+    counts = dispatch_counts(batches)
+    assert all(counts[r.request_id] == 1 for r in held + more), counts
+    assert {p for p, _, _ in batches} == {0}  # the matching worker's partition only
+    refusals = [line for line in stk.logs("batcher", 10_000).splitlines() if "never routed" in line]
+    assert len(refusals) == 1 and odd.worker_id in refusals[0], refusals  # once, not per tick
 
 
 async def test_redis_restart_keeps_the_queue_and_every_request_is_dispatched_once(

@@ -12,13 +12,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.batcher.fair_queue import FairQueue, Queued
-from services.batcher.routing import Router, RoutingMode, WorkerView, partition_for
+from services.batcher.routing import (
+    Refusal,
+    Router,
+    RoutingMode,
+    WorkerView,
+    admit,
+    partition_for,
+    refusal,
+)
 from services.batcher.sizing import pack, request_room
 from services.batcher.window import WindowPolicy
 from shared.codec import encode
 from shared.kafka_io import MAX_VALUE_BYTES
 from shared.messages import Batch, GenerateRequest, SamplingParams, WorkerHeartbeat
-from shared.prefix_hash import block_hashes
+from shared.prefix_hash import AFFINITY_DEPTH, BLOCK_SIZE, block_hashes
 
 POLICY = WindowPolicy(min_ms=50.0, max_ms=100.0, max_requests=8, target_wait_ms=200.0)
 EPS = 0.01  # ms
@@ -286,6 +294,76 @@ def test_routing_modes_parse_from_settings_strings() -> None:
     assert RoutingMode("affinity") is RoutingMode.AFFINITY
     assert RoutingMode("round_robin") is RoutingMode.ROUND_ROBIN
     assert RoutingMode("least_loaded") is RoutingMode.LEAST_LOADED
+
+
+# --- workers that hash prompts otherwise are refused --------------------------------------------
+def beat(wid: str, block_size: int = BLOCK_SIZE, depth: int = AFFINITY_DEPTH) -> WorkerHeartbeat:
+    return WorkerHeartbeat(
+        worker_id=wid, partitions=[0], free_slots=4, block_size=block_size, affinity_depth=depth
+    )
+
+
+def test_a_worker_hashing_as_the_batcher_does_is_routable() -> None:
+    assert refusal(beat("w"), BLOCK_SIZE) is None
+    assert refusal(beat("w", 32), 32) is None
+
+
+def test_a_worker_with_another_block_size_or_depth_is_refused_and_says_which() -> None:
+    assert refusal(beat("w", block_size=32), 16) is Refusal.BLOCK_SIZE
+    assert refusal(beat("w", block_size=16), 32) is Refusal.BLOCK_SIZE
+    assert refusal(beat("w", depth=AFFINITY_DEPTH + 1), BLOCK_SIZE) is Refusal.AFFINITY_DEPTH
+    assert refusal(beat("w", depth=2), BLOCK_SIZE, affinity_depth=2) is None
+    # Both differ: one reason (the block size: its hashes match nothing at any depth).
+    assert refusal(beat("w", 32, 2), 16) is Refusal.BLOCK_SIZE
+
+
+def test_a_worker_that_does_not_advertise_is_not_refused_for_it() -> None:
+    older = WorkerHeartbeat(worker_id="w", partitions=[0])  # before the fields existed
+    assert (older.block_size, older.affinity_depth) == (0, 0)
+    assert refusal(older, 16) is None
+    assert refusal(beat("w", block_size=0, depth=3), 16) is Refusal.AFFINITY_DEPTH
+
+
+def test_admit_keeps_the_matching_workers_in_order_and_names_the_refused() -> None:
+    beats = [beat("a"), beat("b", block_size=8), beat("c"), beat("d", depth=1), beat("e", 0, 0)]
+    admitted, refused = admit(beats, BLOCK_SIZE)
+    assert [hb.worker_id for hb in admitted] == ["a", "c", "e"]
+    assert refused == {"b": Refusal.BLOCK_SIZE, "d": Refusal.AFFINITY_DEPTH}
+    assert admit(beats, 8) == (
+        [beats[1], beats[4]],
+        {"a": Refusal.BLOCK_SIZE, "c": Refusal.BLOCK_SIZE, "d": Refusal.BLOCK_SIZE},
+    )
+    assert admit([], BLOCK_SIZE) == ([], {})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 8, 16, 32]), st.sampled_from([0, 2, 4])),
+        max_size=8,
+    ),
+    st.sampled_from([8, 16, 32]),
+)
+def test_a_refused_worker_is_never_routed_to(pairs: list[tuple[int, int]], bs: int) -> None:
+    beats = [
+        WorkerHeartbeat(
+            worker_id=f"w{i}",
+            partitions=[i],
+            free_slots=10 - i,
+            prefix_hashes=H,
+            block_size=b,
+            affinity_depth=d,
+        )
+        for i, (b, d) in enumerate(pairs)
+    ]
+    admitted, refused = admit(beats, bs)
+    assert len(admitted) + len(refused) == len(beats)
+    for hb in admitted:
+        assert hb.block_size in (0, bs) and hb.affinity_depth in (0, AFFINITY_DEPTH)
+    views = [WorkerView.of(hb) for hb in admitted]
+    for mode in RoutingMode:
+        if views:
+            assert Router(mode).route(H, views).worker_id not in refused
 
 
 # --- choosing a partition ----------------------------------------------------------------------

@@ -34,6 +34,7 @@ from shared.messages import (
 )
 from shared.model_config import SamplingDefaults
 from shared.names import Names
+from shared.prefix_hash import BLOCK_SIZE
 from shared.schemas import SCHEMA_DIR, export_schemas, render, stale_schemas
 from shared.settings import CommonSettings, EnvSettings, SettingsError
 
@@ -254,6 +255,28 @@ def test_defaults() -> None:
     assert new_request_id() != new_request_id()
 
 
+def test_interactive_is_served_before_bulk() -> None:
+    assert [p.rank for p in Priority] == [0, 1]
+    assert Priority.INTERACTIVE.rank < Priority.BULK.rank
+    assert Priority("bulk").rank == Priority.BULK.rank
+
+
+# --- heartbeats ---------------------------------------------------------------------------------
+def test_a_heartbeat_carries_how_its_prefix_hashes_were_cut() -> None:
+    hb = WorkerHeartbeat(worker_id="w1", prefix_hashes=[5], block_size=32, affinity_depth=4)
+    back = decode(WorkerHeartbeat, encode(hb))
+    assert (back.block_size, back.affinity_depth) == (32, 4)
+    assert back == hb
+
+
+def test_a_heartbeat_from_before_the_fields_still_decodes() -> None:
+    old = orjson.dumps({"worker_id": "w1", "partitions": [1], "free_slots": 3})
+    hb = decode(WorkerHeartbeat, old)
+    assert (hb.block_size, hb.affinity_depth) == (0, 0)  # not advertised
+    with pytest.raises(DecodeError):
+        decode(WorkerHeartbeat, orjson.dumps({"worker_id": "w1", "block_size": -1}))
+
+
 # --- seeds ---------------------------------------------------------------------------------------
 def test_with_seed_keeps_a_given_seed() -> None:
     for seed in (0, 7, SEED_MAX):
@@ -375,6 +398,18 @@ def test_service_settings_name_their_variables() -> None:
     assert ok.prefix_cache is False and ok.model_dir == "/m"
     with pytest.raises(SettingsError, match="TW_DEVICE"):
         WorkerSettings.from_env({"TW_MODEL_DIR": "/m", "TW_DEVICE": "tpu"})
+
+
+def test_the_batcher_and_the_workers_read_one_block_size_and_heartbeat_ttl() -> None:
+    from services.batcher.config import BatcherSettings
+    from services.worker.config import WorkerSettings
+
+    env = {"TW_MODEL_DIR": "/m", "TW_BLOCK_SIZE": "32", "TW_HEARTBEAT_TTL_S": "5"}
+    worker, batcher = WorkerSettings.from_env(env), BatcherSettings.from_env(env)
+    assert (worker.block_size, worker.heartbeat_ttl_s) == (32, 5.0)
+    assert (batcher.block_size, batcher.heartbeat_ttl_s) == (32, 5.0)
+    defaults = WorkerSettings(model_dir="/m"), BatcherSettings()
+    assert {(s.block_size, s.heartbeat_ttl_s) for s in defaults} == {(BLOCK_SIZE, 3.0)}
 
 
 # --- names ---------------------------------------------------------------------------------------

@@ -18,11 +18,14 @@ from aiokafka.errors import (
 
 from services.worker.config import WorkerSettings
 from services.worker.context import WorkerContext
+from services.worker.control import heartbeat_of
+from services.worker.engine.engine import EngineStats
 from services.worker.events import RequestState
 from services.worker.metrics import WorkerMetrics
 from services.worker.requests import IllegalTransition, Phase, RequestTable
 from services.worker.settle import Settler
 from shared.messages import GenerateRequest, ReplyTarget, error_event
+from shared.prefix_hash import AFFINITY_DEPTH
 from shared.retry import Dependency
 
 pytestmark = pytest.mark.timeout(30)
@@ -152,3 +155,12 @@ async def test_done_markers_wait_for_completions_and_dead_letters_through_kafka_
     ]
     assert len(ctx.table) == 0
     assert not ctx.kafka_dep.down_since  # the outage was recorded and is over
+
+
+def test_the_heartbeat_says_how_its_prefix_hashes_were_cut() -> None:
+    settings = WorkerSettings(model_dir="/m", worker_id="w", block_size=32, max_running=8)
+    stats = EngineStats(running=2, waiting=1, kv_blocks=10, kv_used_blocks=4, block_size=32)
+    hb = heartbeat_of(settings, stats, [0, 2], [7, 8])
+    assert (hb.block_size, hb.affinity_depth) == (32, AFFINITY_DEPTH)
+    assert (hb.worker_id, hb.partitions, hb.prefix_hashes) == ("w", [0, 2], [7, 8])
+    assert (hb.free_slots, hb.free_kv_tokens, hb.kv_used_tokens) == (5, 6 * 32, 4 * 32)
