@@ -11,10 +11,12 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from shared.logs import setup_logging
 from shared.settings import CommonSettings, SettingsError
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 class _Service(Protocol):
@@ -263,7 +265,7 @@ def _scenario_list(value: str) -> list[str]:
     return names
 
 
-def _add_chaos_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_chaos_parser(sub: Subparsers) -> None:
     from services.chaos import SCENARIOS
 
     listing = "; ".join(f"{name}: {about}" for name, about in SCENARIOS.items())
@@ -303,74 +305,197 @@ def _add_chaos_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     c.set_defaults(fn=cmd_chaos)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+def _add_service_parsers(sub: Subparsers) -> None:
     sub.add_parser("worker", help="run a decode worker").set_defaults(fn=cmd_worker)
     sub.add_parser("batcher", help="run a batcher").set_defaults(fn=cmd_batcher)
     sub.add_parser("edge", help="run an HTTP edge").set_defaults(fn=cmd_edge)
+
+
+def _add_topics_parser(sub: Subparsers) -> None:
     t = sub.add_parser("topics", help="create the Kafka topics")
-    t.add_argument("action", choices=["create"])
+    t.add_argument("action", choices=["create"], help="create the topics that do not exist yet")
     t.add_argument(
-        "--requests", type=int, default=int(os.environ.get("TW_REQUESTS_PARTITIONS", "4"))
+        "--requests",
+        type=int,
+        default=int(os.environ.get("TW_REQUESTS_PARTITIONS", "4")),
+        help="partitions of the requests topic (default: $TW_REQUESTS_PARTITIONS or 4)",
     )
-    t.add_argument("--batches", type=int, default=int(os.environ.get("TW_BATCHES_PARTITIONS", "4")))
-    t.add_argument("--completions", type=int, default=4)
+    t.add_argument(
+        "--batches",
+        type=int,
+        default=int(os.environ.get("TW_BATCHES_PARTITIONS", "4")),
+        help="partitions of the batches topic (default: $TW_BATCHES_PARTITIONS or 4)",
+    )
+    t.add_argument(
+        "--completions",
+        type=int,
+        default=4,
+        help="partitions of the completions topic, where finished results go (default: 4)",
+    )
     t.set_defaults(fn=cmd_topics)
+
+
+def _add_model_parser(sub: Subparsers) -> None:
+    from services.model.presets import PRESETS
+
     m = sub.add_parser("model", help="the embedded default model")
-    m.add_argument("action", choices=["build"])
-    m.add_argument("--preset", default="tiny")
-    m.add_argument("--cache-dir", default="")
-    m.add_argument("--force", action="store_true")
+    m.add_argument("action", choices=["build"], help="build the model unless already built")
+    m.add_argument(
+        "--preset",
+        default="tiny",
+        help=f"the model to build, one of {', '.join(PRESETS)} (default: tiny)",
+    )
+    m.add_argument(
+        "--cache-dir",
+        default="",
+        help="folder of built models (default: $TOKENWIRE_CACHE/models, else "
+        "~/.cache/tokenwire/models)",
+    )
+    m.add_argument("--force", action="store_true", help="rebuild even if a build exists")
     m.set_defaults(fn=cmd_model_build)
+
+
+def _add_schema_parser(sub: Subparsers) -> None:
     s = sub.add_parser("schema", help="export JSON Schema of every wire message")
     s.add_argument("--check", action="store_true", help="fail if the committed schemas are stale")
     s.set_defaults(fn=cmd_schema)
-    b = sub.add_parser("bench", help="benchmarks (ratios against same-run baselines)")
-    bsub = b.add_subparsers(dest="bench", required=True)
+
+
+def _model_options(p: argparse.ArgumentParser, preset: str) -> None:
+    """``--preset`` and ``--model-dir``: the benchmarked model."""
+    p.add_argument(
+        "--preset",
+        default=preset,
+        help=f"embedded model preset, built if missing, when --model-dir is not given "
+        f"(default: {preset})",
+    )
+    p.add_argument(
+        "--model-dir", default="", help="a Hugging Face model folder to use instead of a preset"
+    )
+
+
+def _add_bench_engine_parser(bsub: Subparsers) -> None:
     be = bsub.add_parser("engine", help="the decode engine vs Hugging Face generate")
-    be.add_argument("--preset", default="small")
-    be.add_argument("--model-dir", default="")
-    be.add_argument("--threads", type=int, default=0)
-    be.add_argument("--quick", action="store_true")
-    be.add_argument("--concurrency", type=int, nargs="+", help="default: 1 8 32")
-    be.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    be.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
-    be.add_argument("--out", default="reports/bench_engine.json")
+    _model_options(be, "small")
+    be.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (default: 0, torch's own)"
+    )
+    be.add_argument("--quick", action="store_true", help="a smoke configuration (CI)")
+    be.add_argument(
+        "--concurrency", type=int, nargs="+", help="concurrent requests per row (default: 1 8 32)"
+    )
+    be.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where the model runs (default: auto, CUDA when available)",
+    )
+    be.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="weights' precision (default: auto, float32 on CPU and bfloat16 on CUDA)",
+    )
+    be.add_argument(
+        "--out",
+        default="reports/bench_engine.json",
+        help="the JSON report (default: reports/bench_engine.json)",
+    )
     be.set_defaults(fn=cmd_bench_engine)
+
+
+def _add_bench_batcher_parser(bsub: Subparsers) -> None:
     bb = bsub.add_parser(
         "batcher", help="window and routing on a local cluster (needs Kafka, Redis)"
     )
-    bb.add_argument("--model-dir", default="")
-    bb.add_argument("--quick", action="store_true")
-    bb.add_argument("--out", default="reports/bench_batcher.json")
+    bb.add_argument(
+        "--model-dir", default="", help="a model folder (default: the embedded tiny model)"
+    )
+    bb.add_argument("--quick", action="store_true", help="a smoke configuration (CI)")
+    bb.add_argument(
+        "--out",
+        default="reports/bench_batcher.json",
+        help="the JSON report (default: reports/bench_batcher.json)",
+    )
     bb.set_defaults(fn=cmd_bench_batcher)
-    bulk = sub.add_parser("bulk", help="OpenAI batch files through Kafka at bulk priority")
-    bulk_sub = bulk.add_subparsers(dest="bulk", required=True)
-    bs = bulk_sub.add_parser("submit", help="run IN.jsonl, append results to OUT.jsonl (resumable)")
-    bs.add_argument("input")
-    bs.add_argument("output")
-    bs.add_argument("--tenant", default="bulk")
-    bs.add_argument("--max-in-flight", type=int, default=256)
-    bs.add_argument("--quiet", action="store_true")
-    bs.set_defaults(fn=cmd_bulk_submit)
-    # Listed here; its options are the edge benchmark's own (main() hands them over).
-    bsub.add_parser("edge", help="events/s one edge relays and the latency it adds")
+
+
+def _add_bench_e2e_parser(bsub: Subparsers) -> None:
     e2e = bsub.add_parser("e2e", help="the whole pipeline under load vs engine-alone and generate")
-    e2e.add_argument("--preset", default="small")
-    e2e.add_argument("--model-dir", default="")
-    e2e.add_argument("--concurrency", default="", help="e.g. 1,8,32")
+    _model_options(e2e, "small")
+    e2e.add_argument("--concurrency", default="", help="closed-loop streams per level, e.g. 1,8,32")
     e2e.add_argument("--rounds", type=int, default=0, help="pipeline/baseline rounds per level")
     e2e.add_argument("--output-tokens", default="", help="output length range, e.g. 16,64")
     e2e.add_argument("--quick", action="store_true", help="a smoke configuration (CI)")
-    e2e.add_argument("--out", default="reports/e2e")
+    e2e.add_argument(
+        "--out",
+        default="reports/e2e",
+        help="folder of report.json, the plots and the services' logs (default: reports/e2e)",
+    )
     e2e.set_defaults(fn=cmd_bench_e2e)
+
+
+def _add_bench_parser(sub: Subparsers) -> None:
+    b = sub.add_parser("bench", help="benchmarks (ratios against same-run baselines)")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    _add_bench_engine_parser(bsub)
+    _add_bench_batcher_parser(bsub)
+    # Listed here; its options are the edge benchmark's own (main() hands them over).
+    bsub.add_parser("edge", help="events/s one edge relays and the latency it adds")
+    _add_bench_e2e_parser(bsub)
+
+
+def _add_bulk_parser(sub: Subparsers) -> None:
+    bulk = sub.add_parser("bulk", help="OpenAI batch files through Kafka at bulk priority")
+    bulk_sub = bulk.add_subparsers(dest="bulk", required=True)
+    bs = bulk_sub.add_parser("submit", help="run IN.jsonl, append results to OUT.jsonl (resumable)")
+    bs.add_argument("input", help="the OpenAI batch input file (JSONL, one request a line)")
+    bs.add_argument(
+        "output", help="the results file (JSONL), appended to; lines already in it are skipped"
+    )
+    bs.add_argument(
+        "--tenant", default="bulk", help="tenant the requests are queued under (default: bulk)"
+    )
+    bs.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=256,
+        help="requests sent and not yet answered, at most (default: 256)",
+    )
+    bs.add_argument("--quiet", action="store_true", help="no progress bar")
+    bs.set_defaults(fn=cmd_bulk_submit)
+
+
+def _add_ask_parser(sub: Subparsers) -> None:
     a = sub.add_parser("ask", help="stream a completion from an edge and print it")
-    a.add_argument("prompt")
-    a.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('TW_EDGE_PORT', '8000')}")
-    a.add_argument("--model", default="tokenwire-tiny")
-    a.add_argument("--max-tokens", type=int, default=64)
+    a.add_argument("prompt", help="the prompt to complete")
+    a.add_argument(
+        "--url",
+        default=f"http://127.0.0.1:{os.environ.get('TW_EDGE_PORT', '8000')}",
+        help="the edge (default: http://127.0.0.1:$TW_EDGE_PORT, port 8000 if unset); "
+        "$TW_API_KEY is sent as its bearer token",
+    )
+    a.add_argument(
+        "--model",
+        default="tokenwire-tiny",
+        help="the served model's name (default: tokenwire-tiny)",
+    )
+    a.add_argument(
+        "--max-tokens", type=int, default=64, help="tokens to generate, at most (default: 64)"
+    )
     a.set_defaults(fn=cmd_ask)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    _add_service_parsers(sub)
+    _add_topics_parser(sub)
+    _add_model_parser(sub)
+    _add_schema_parser(sub)
+    _add_bench_parser(sub)
+    _add_bulk_parser(sub)
+    _add_ask_parser(sub)
     _add_chaos_parser(sub)
     return p
 

@@ -321,8 +321,8 @@ async def run(cfg: BenchConfig, out: Path | None) -> list[LevelResult]:
     return results
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``tokenwire bench edge``: see the module docstring."""
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``tokenwire bench edge``."""
     p = argparse.ArgumentParser(
         prog="tokenwire bench edge",
         description=__doc__,
@@ -357,7 +357,12 @@ def main(argv: list[str] | None = None) -> None:
         help="the JSON report (default: reports/bench_edge.json; the edge's log goes to "
         "logs/ beside it)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``tokenwire bench edge``: see the module docstring."""
+    args = build_parser().parse_args(argv)
     cfg = BenchConfig(tuple(args.concurrency), args.steps, args.step_ms, args.flood_events)
     if args.quick:
         cfg = BenchConfig(tuple(args.concurrency), 20, args.step_ms, 2_000)
