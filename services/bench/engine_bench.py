@@ -159,7 +159,6 @@ def run(
     from services.worker.loader import load_model
 
     model, tok = load_model(model_dir, device, dtype)
-    vocab = model.config.vocab_size
     rng = random.Random(cfg.seed)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     rep = Report(
@@ -177,7 +176,22 @@ def run(
         max_step_tokens=1024,
         prefill_chunk=512,
     )
+    rep.throughput = _throughput(model, tok, cfg, ecfg, rng)
+    rep.prefix = _prefix_cache(model, tok, cfg, ecfg, rng)
+    print(json.dumps(rep.prefix))
+    print_table(rep)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(asdict(rep), indent=2))
+        print(f"wrote {out}")
+    return rep
 
+
+def _throughput(
+    model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig, rng: random.Random
+) -> list[dict[str, Any]]:
+    """One row per concurrency: tokens/s of each way to generate, and the engine's TTFT."""
+    vocab = model.config.vocab_size
     warm = _prompts(2, 16, vocab, rng)
     engine_run(model, tok, warm, 4, ecfg)  # first-call costs out of the way
     hf_serial(model, warm[:1], 4)
@@ -186,11 +200,12 @@ def run(
         model, _prompts(cfg.serial_requests, cfg.prompt_len, vocab, rng), cfg.new_tokens
     )
     print(f"generate one at a time: {serial:,.0f} tok/s")
+    rows = []
     for c in cfg.concurrencies:
         prompts = _prompts(c, cfg.prompt_len, vocab, rng)
         static = hf_static(model, prompts, cfg.new_tokens)
         cb = (
-            hf_generate_batch(model, prompts, cfg.new_tokens, kv_tokens)
+            hf_generate_batch(model, prompts, cfg.new_tokens, ecfg.kv_budget_tokens)
             if cfg.with_generate_batch
             else None
         )
@@ -206,12 +221,20 @@ def run(
             "engine_ttft_p50_ms": 1000 * statistics.median(ttft),
             "engine_ttft_p99_ms": 1000 * pct(ttft, 0.99),
         }
-        rep.throughput.append(row)
+        rows.append(row)
         print(json.dumps(row))
+    return rows
 
+
+def _prefix_cache(
+    model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig, rng: random.Random
+) -> dict[str, Any]:
+    """A shared-prefix workload with the prefix cache on and off: TTFT and tokens/s."""
+    vocab = model.config.vocab_size
     prefix = [rng.randrange(3, vocab) for _ in range(cfg.prefix_len)]
     shared = _prompts(cfg.prefix_requests, cfg.suffix_len, vocab, rng, prefix)
     warm_req = prefix + [rng.randrange(3, vocab) for _ in range(cfg.suffix_len)]
+    out: dict[str, Any] = {}
     for on in (True, False):
         pc = EngineConfig(
             **{**asdict(ecfg), "enable_prefix_cache": on, "kv_budget_tokens": 64 * 1024}
@@ -219,20 +242,10 @@ def run(
         ttft = engine_sequential_ttft(model, tok, shared[:8], pc, warm_req)
         tps, _ = engine_run(model, tok, shared, cfg.prefix_new_tokens, pc)
         key = "cache_on" if on else "cache_off"
-        rep.prefix[key] = {"ttft_p50_ms": 1000 * statistics.median(ttft), "tok_s": tps}
-    rep.prefix["ttft_ratio_on_vs_off"] = (
-        rep.prefix["cache_on"]["ttft_p50_ms"] / rep.prefix["cache_off"]["ttft_p50_ms"]
-    )
-    rep.prefix["tok_s_ratio_on_vs_off"] = (
-        rep.prefix["cache_on"]["tok_s"] / rep.prefix["cache_off"]["tok_s"]
-    )
-    print(json.dumps(rep.prefix))
-    print_table(rep)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(asdict(rep), indent=2))
-        print(f"wrote {out}")
-    return rep
+        out[key] = {"ttft_p50_ms": 1000 * statistics.median(ttft), "tok_s": tps}
+    out["ttft_ratio_on_vs_off"] = out["cache_on"]["ttft_p50_ms"] / out["cache_off"]["ttft_p50_ms"]
+    out["tok_s_ratio_on_vs_off"] = out["cache_on"]["tok_s"] / out["cache_off"]["tok_s"]
+    return out
 
 
 def print_table(rep: Report) -> None:

@@ -143,19 +143,8 @@ def build_model(
 
 
 def _build(spec: ModelPreset, out_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    import tokenizers
-    import torch
-    import transformers
-
     from services.model.corpus import build_corpus
-    from services.model.tokenizer import train_tokenizer, wrap_tokenizer
-    from services.model.train import (
-        available_cpus,
-        make_model,
-        pack_documents,
-        parameter_count,
-        train,
-    )
+    from services.model.train import make_model, parameter_count
 
     started = time.perf_counter()
     timings: dict[str, float] = {}
@@ -167,12 +156,8 @@ def _build(spec: ModelPreset, out_dir: Path, log: Callable[[str], None]) -> dict
     log(f"[model] {spec.name}: corpus {len(docs)} documents, {corpus_bytes / 1e6:.2f} MB")
 
     mark = time.perf_counter()
-    backend = train_tokenizer(docs, spec.vocab_size)
-    if backend.get_vocab_size() > spec.vocab_size:  # the trainer treats it as an upper bound
-        raise RuntimeError(f"tokenizer has {backend.get_vocab_size()} > {spec.vocab_size} tokens")
-    tokenizer = wrap_tokenizer(backend, spec.max_positions)
+    backend, tokenizer = _tokenizer(spec, docs)
     eot_id = tokenizer.eos_token_id
-    assert eot_id is not None
     timings["tokenizer_s"] = time.perf_counter() - mark
     log(f"[model] {spec.name}: tokenizer {backend.get_vocab_size()} tokens")
 
@@ -190,23 +175,7 @@ def _build(spec: ModelPreset, out_dir: Path, log: Callable[[str], None]) -> dict
         "train_steps": spec.train_steps,
     }
     if spec.trained:
-        mark = time.perf_counter()
-        data = pack_documents(docs, backend, spec.seq_len, eot_id)
-        timings["pack_s"] = time.perf_counter() - mark
-        threads = available_cpus()
-        log(
-            f"[model] {spec.name}: training {spec.train_steps} steps on {data.numel():,} tokens, "
-            f"batch {spec.batch_size}x{spec.seq_len}, {threads} threads"
-        )
-        result = train(model, data, spec, log, threads=threads)
-        timings["train_s"] = result.seconds
-        info.update(
-            corpus_tokens=data.numel(),
-            train_threads=threads,
-            first_loss=result.losses[0],
-            final_loss=result.final_loss,
-        )
-        log(f"[model] {spec.name}: final loss {result.final_loss:.3f} in {result.seconds:.1f}s")
+        info.update(_train(spec, model, docs, backend, eot_id, log, timings))
 
     mark = time.perf_counter()
     info["samples"] = _samples(model, tokenizer, spec.seed)
@@ -214,23 +183,78 @@ def _build(spec: ModelPreset, out_dir: Path, log: Callable[[str], None]) -> dict
     for kind, text in info["samples"].items():
         log(f"[model] {spec.name}: {kind}: {text!r}")
 
+    _save(model, tokenizer, out_dir)
+    timings["total_s"] = time.perf_counter() - started
+    info["timings"] = {key: round(value, 2) for key, value in timings.items()}
+    info["versions"] = _versions()
+    # Written last: its presence is what marks the folder as a finished build.
+    (out_dir / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    log(f"[model] {spec.name}: built in {timings['total_s']:.1f}s")
+    return info
+
+
+def _tokenizer(spec: ModelPreset, docs: list[str]) -> tuple[Any, Any]:
+    """The trained tokenizer backend and its Hugging Face wrapper (with an EOS token)."""
+    from services.model.tokenizer import train_tokenizer, wrap_tokenizer
+
+    backend = train_tokenizer(docs, spec.vocab_size)
+    if backend.get_vocab_size() > spec.vocab_size:  # the trainer treats it as an upper bound
+        raise RuntimeError(f"tokenizer has {backend.get_vocab_size()} > {spec.vocab_size} tokens")
+    tokenizer = wrap_tokenizer(backend, spec.max_positions)
+    assert tokenizer.eos_token_id is not None
+    return backend, tokenizer
+
+
+def _train(
+    spec: ModelPreset,
+    model: Any,
+    docs: list[str],
+    backend: Any,
+    eot_id: int,
+    log: Callable[[str], None],
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """Train ``model`` on the packed corpus; the build info's training fields."""
+    from services.model.train import available_cpus, pack_documents, train
+
+    mark = time.perf_counter()
+    data = pack_documents(docs, backend, spec.seq_len, eot_id)
+    timings["pack_s"] = time.perf_counter() - mark
+    threads = available_cpus()
+    log(
+        f"[model] {spec.name}: training {spec.train_steps} steps on {data.numel():,} tokens, "
+        f"batch {spec.batch_size}x{spec.seq_len}, {threads} threads"
+    )
+    result = train(model, data, spec, log, threads=threads)
+    timings["train_s"] = result.seconds
+    log(f"[model] {spec.name}: final loss {result.final_loss:.3f} in {result.seconds:.1f}s")
+    return {
+        "corpus_tokens": data.numel(),
+        "train_threads": threads,
+        "first_loss": result.losses[0],
+        "final_loss": result.final_loss,
+    }
+
+
+def _save(model: Any, tokenizer: Any, out_dir: Path) -> None:
     with _quiet_progress_bars():
         model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     for path in out_dir.iterdir():
         path.chmod(0o644)  # the safetensors file is written owner-only; it is not a secret
-    timings["total_s"] = time.perf_counter() - started
-    info["timings"] = {key: round(value, 2) for key, value in timings.items()}
-    info["versions"] = {
+
+
+def _versions() -> dict[str, str]:
+    import tokenizers
+    import torch
+    import transformers
+
+    return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
     }
-    # Written last: its presence is what marks the folder as a finished build.
-    (out_dir / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    log(f"[model] {spec.name}: built in {timings['total_s']:.1f}s")
-    return info
 
 
 @contextlib.contextmanager
