@@ -1,4 +1,4 @@
-"""The load generator's SSE client against a real local HTTP server."""
+"""The benchmarks' SSE clients against a real local HTTP server."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.bench.sse_client import HttpError, SsePool
+from services.bench.sse_client import EventStream, HttpError, SsePool
 
 
 async def _serve(
@@ -84,3 +84,46 @@ async def test_an_error_status_raises_with_the_body() -> None:
             await pool.post("/x", b"{}", lambda data, _t: None)
     assert err.value.status == 429
     assert "nope" in str(err.value)
+
+
+async def _serve_stream(status: int, events: int) -> tuple[asyncio.Server, list[bytes]]:
+    """A server that answers a GET with its headers at once, then ``events`` SSE events
+    (in pieces split mid-event) and ``[DONE]``. Returns it and the request heads it got."""
+    heads: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 %d X\r\nContent-Type: text/event-stream\r\n\r\n" % status)
+        await writer.drain()
+        if status == 200:
+            body = b"".join(b'id: %d\ndata: {"text":"%d"}\n\n' % (i, i) for i in range(events))
+            for cut in range(0, len(body), 7):
+                writer.write(body[cut : cut + 7])
+                await writer.drain()
+            writer.write(b"data: [DONE]\n\n")
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0), heads
+
+
+async def test_an_event_stream_counts_whole_events_and_hands_them_over() -> None:
+    server, heads = await _serve_stream(200, events=50)
+    frames: list[bytes] = []
+    async with server:
+        stream = EventStream(
+            "127.0.0.1", _port(server), "/v1/requests/r1/stream", lambda f, _t: frames.append(f)
+        )
+        await stream.open()
+        await asyncio.wait_for(stream.read(), 5)
+    assert heads[0].startswith(b"GET /v1/requests/r1/stream HTTP/1.1\r\n")
+    assert stream.events == 50
+    assert all(f.endswith(b"\n\n") for f in frames)  # never half an event
+    assert b"".join(frames).count(b"id: ") == 50
+    assert 0 < stream.first_at <= stream.last_at
+
+
+async def test_an_event_stream_refused_raises() -> None:
+    server, _ = await _serve_stream(404, events=0)
+    async with server:
+        with pytest.raises(RuntimeError, match="stream refused"):
+            await EventStream("127.0.0.1", _port(server), "/x").open()
