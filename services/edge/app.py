@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -63,11 +64,15 @@ def _add_error_handlers(app: FastAPI) -> None:
         if not errors:
             return bad_request("invalid request").response()
         first = errors[0]
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        param = ".".join(_field_path(first.get("loc", ()))) or None
+        if first.get("type") == "extra_forbidden":
+            return bad_request(
+                f"'{param}' is not supported by this server",
+                code="unsupported_parameter",
+                param=param,
+            ).response()
         msg = str(first.get("msg", "invalid value"))
-        return bad_request(
-            f"{'.'.join(loc)}: {msg}" if loc else msg, param=".".join(loc) or None
-        ).response()
+        return bad_request(f"{param}: {msg}" if param else msg, param=param).response()
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> Response:
@@ -77,3 +82,21 @@ def _add_error_handlers(app: FastAPI) -> None:
         if exc.headers:
             resp.headers.update(exc.headers)
         return resp
+
+
+# Where a request's parts sit in a validation error's location, and the names pydantic
+# gives the members of a union ("str", "constrained-str", "list[constrained-str]"): a
+# field name is an identifier, so never holds "-" or "[".
+_LOCATIONS = ("body", "query", "path", "header")
+_UNION_MEMBERS = ("str", "int", "float", "bool", "list", "dict", "none")
+
+
+def _field_path(loc: Any) -> list[str]:
+    """The field a validation error is about, as the client wrote it: without the request
+    part and without the union member pydantic tried."""
+    return [
+        str(p)
+        for p in loc
+        if p not in _LOCATIONS
+        and not (isinstance(p, str) and ("[" in p or "-" in p or p in _UNION_MEMBERS))
+    ]

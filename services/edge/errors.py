@@ -56,6 +56,15 @@ def not_found(message: str) -> ApiError:
     return ApiError(404, message, code="not_found")
 
 
+def model_not_found(asked: str, served: str) -> ApiError:
+    return ApiError(
+        404,
+        f"the model '{asked}' does not exist; this edge serves '{served}'",
+        code="model_not_found",
+        param="model",
+    )
+
+
 def unauthorized(message: str) -> ApiError:
     return ApiError(
         401,

@@ -1,14 +1,17 @@
 """OpenAI-compatible request bodies and their mapping onto ``GenerateRequest``.
 
 Every constraint the wire models enforce is repeated here, so a bad value is a 400 from
-the request's validation (and shows in the OpenAPI schema), never an error further on.
+the request's validation (and shows in the OpenAPI schema), never an error further on. A
+field the edge does not implement is refused (400 naming it), never ignored; OpenAI's
+metadata fields (``user``, ``metadata``, ``store``) are accepted and not used, and an
+explicit ``null`` means the field's default, as OpenAI allows.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.messages import (
     MAX_STOP_STRINGS,
@@ -25,13 +28,25 @@ StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 PromptList = Annotated[list[str], Field(min_length=1, max_length=1)]
 
 
-class StreamOptions(BaseModel):
+class _Strict(BaseModel):
+    """A request object that refuses fields it does not define and reads ``null`` as
+    "the default"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class _Common(_Strict):
     model: str = Field(max_length=256)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     # Left out: the served model's default (its generation_config.json), as vLLM does.
@@ -45,7 +60,11 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="only one choice per request")
-    user: str | None = Field(None, max_length=256)
+    user: str | None = Field(None, max_length=256, description="accepted, not used")
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] = (
+        Field(default_factory=dict, max_length=16, description="accepted, not used")
+    )
+    store: bool = Field(False, description="accepted, not used (nothing is stored)")
     priority: Priority = Field(Priority.INTERACTIVE, description="tokenwire extension")
     ignore_eos: bool = Field(False, description="tokenwire extension: run to max_tokens")
     return_token_ids: bool = Field(
@@ -119,14 +138,12 @@ class CompletionBody(_Common):
         return {"prompt": self.prompt_text()}
 
 
-class TextPart(BaseModel):
+class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class ChatMessageBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ChatMessageBody(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
 

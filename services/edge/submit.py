@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from services.edge.auth import Principal
 from services.edge.cancel import cancel_in_background
-from services.edge.errors import ApiError, bad_request, rate_limited, unavailable
+from services.edge.errors import ApiError, bad_request, model_not_found, rate_limited, unavailable
 from services.edge.model_info import INLINE_TOKENIZE_CHARS, TemplateError
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
@@ -31,18 +31,17 @@ from shared.retry import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS = {False: 16, True: 256}  # completions (OpenAI's default), chat
+# Completions default to 16 tokens (OpenAI's default); chat to the rest of the context, as
+# OpenAI and vLLM do.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+CHAT_DEFAULT_WITHOUT_CONTEXT = 256  # a model folder that names no context
 
 
 async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) -> GenerateRequest:
     """The request to publish for ``body``, or an ``ApiError`` saying why not."""
     chat = isinstance(body, ChatBody)
     if body.model != st.settings.model_name:
-        raise bad_request(
-            f"the model '{body.model}' does not exist; this edge serves '{st.settings.model_name}'",
-            code="model_not_found",
-            param="model",
-        )
+        raise model_not_found(body.model, st.settings.model_name)
     prompt_tokens = await _count(st, body)
     if prompt_tokens == 0:
         raise bad_request("the prompt is empty", param="prompt")
@@ -188,7 +187,10 @@ def _max_tokens(
             param="messages" if chat else "prompt",
         )
     if asked is None:
-        asked = DEFAULT_MAX_TOKENS[chat]
+        if chat:
+            asked = CHAT_DEFAULT_WITHOUT_CONTEXT if context is None else context - prompt_tokens
+        else:
+            asked = COMPLETIONS_DEFAULT_MAX_TOKENS
         if context is not None:
             asked = min(asked, context - prompt_tokens)
         if limit is not None:

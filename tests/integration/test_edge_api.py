@@ -435,15 +435,8 @@ async def test_websocket_streams_cancels_and_resumes(edges: Edges) -> None:
         assert [f["id"] for f in resumed] == [f["id"] for f in events[3:]]
         assert [f["data"] for f in resumed] == [f["data"] for f in events[3:]]
         # Cancel the request being relayed with a message on the same socket.
-        long = {"model": MODEL, "prompt": "The module", **LONG}
-        await ws.send(
-            orjson.dumps(
-                {
-                    "type": "chat.completions",
-                    "body": {**long, "messages": [{"role": "user", "content": "hi"}]},
-                }
-            )
-        )
+        long = {"model": MODEL, **LONG, "messages": [{"role": "user", "content": "hi"}]}
+        await ws.send(orjson.dumps({"type": "chat.completions", "body": long}))
         n = 0
         while n < 3:
             n += orjson.loads(await ws.recv())["type"] == "event"
@@ -541,7 +534,6 @@ async def _poll_status(
 @pytest.mark.parametrize(
     ("patch", "code"),
     [
-        ({"model": "gpt-nope"}, "model_not_found"),
         ({"max_tokens": -5}, None),
         ({"max_tokens": 10_000}, None),
         ({"prompt": "word " * 2100}, "context_length_exceeded"),
@@ -550,6 +542,9 @@ async def _poll_status(
         ({"n": 3}, None),
         ({"stop": ["x"] * 20}, None),
         ({"temperature": "hot"}, None),
+        ({"logprobs": 2}, "unsupported_parameter"),
+        ({"response_format": {"type": "json_object"}}, "unsupported_parameter"),
+        ({"stop": 5}, None),
     ],
 )
 async def test_bad_parameters_are_400(
@@ -563,6 +558,25 @@ async def test_bad_parameters_are_400(
     assert err["type"] == "invalid_request_error" and err["message"]
     if code:
         assert err["code"] == code
+    if code == "unsupported_parameter":
+        [name] = [k for k in patch]
+        assert err["param"] == name and name in err["message"]
+    if "stop" in patch:  # a union's error names the field, not pydantic's member path
+        assert err["param"] == "stop", err
+
+
+async def test_an_unknown_model_is_404_and_each_model_can_be_read(edges: Edges) -> None:
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=30) as http:
+        body = {"model": "gpt-nope", "prompt": "Hi", "max_tokens": 2}
+        r = await http.post("/v1/completions", json=body, headers=auth(ACME))
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        one = await http.get(f"/v1/models/{MODEL}", headers=auth(ACME))
+        assert one.status_code == 200 and one.json()["id"] == MODEL, one.text
+        missing = await http.get("/v1/models/gpt-nope", headers=auth(ACME))
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+        meta = {**body, "model": MODEL, "user": "u", "metadata": {"k": "v"}, "temperature": None}
+        ok = await http.post("/v1/completions", json=meta, headers=auth(ACME))
+        assert ok.status_code == 200, ok.text
 
 
 async def test_malformed_and_oversized_bodies(edges: Edges) -> None:

@@ -149,6 +149,66 @@ def test_bad_parameters_fail_validation(patch: dict[str, object]) -> None:
         CompletionBody.model_validate({"model": "m", "prompt": "x", **patch})
 
 
+# OpenAI request fields this server does not implement: each must be refused, none ignored.
+UNSUPPORTED = {
+    "logprobs": True,
+    "top_logprobs": 2,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "logit_bias": {"5": 1},
+    "response_format": {"type": "json_object"},
+    "tools": [{"type": "function", "function": {"name": "f"}}],
+    "tool_choice": "auto",
+    "echo": True,
+    "best_of": 2,
+    "suffix": "x",
+    "min_tokens": 3,
+    "stop_token_ids": [1],
+}
+
+
+@pytest.mark.parametrize("field", list(UNSUPPORTED))
+@pytest.mark.parametrize("body", [CompletionBody, ChatBody])
+def test_a_field_the_edge_does_not_implement_is_refused(
+    field: str, body: type[CompletionBody | ChatBody]
+) -> None:
+    base: dict[str, object] = {
+        "model": "m",
+        "prompt": "x",
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    base.pop("messages" if body is CompletionBody else "prompt")
+    with pytest.raises(ValidationError) as err:
+        body.model_validate({**base, field: UNSUPPORTED[field]})
+    assert err.value.errors()[0]["type"] == "extra_forbidden"
+    assert err.value.errors()[0]["loc"] == (field,)
+
+
+def test_metadata_is_accepted_and_null_means_the_default() -> None:
+    body = CompletionBody.model_validate(
+        {
+            "model": "m",
+            "prompt": "x",
+            "user": "u1",
+            "metadata": {"team": "a"},
+            "store": False,
+            "temperature": None,
+            "stream": None,
+            "stop": None,
+            "stream_options": None,
+        }
+    )
+    assert body.temperature is None and body.stream is False and body.stop is None
+    assert body.to_request("cmpl-1", "t", 4).sampling.temperature is None  # the model's default
+    with pytest.raises(ValidationError):  # a message's unknown fields too (tool calls)
+        ChatBody.model_validate(
+            {
+                "model": "m",
+                "messages": [{"role": "assistant", "content": "x", "tool_calls": []}],
+            }
+        )
+
+
 def test_api_keys_are_parsed_as_digests() -> None:
     key = new_key()
     assert key.startswith("twk-") and len(key) > 30

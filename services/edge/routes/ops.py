@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
 
+from services.edge.errors import model_not_found
 from services.edge.metrics import CONTENT_TYPE_LATEST
 from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
 
@@ -65,11 +66,24 @@ async def metrics(request: Request) -> Response:
 @router.get("/v1/models", tags=["openai"], responses=ERROR_RESPONSES)
 async def models(request: Request, _: Caller) -> dict[str, Any]:
     """The served model (OpenAI-compatible)."""
+    return {"object": "list", "data": [_served_model(request)]}
+
+
+@router.get("/v1/models/{model_id}", tags=["openai"], responses=ERROR_RESPONSES)
+async def model(request: Request, model_id: str, _: Caller) -> dict[str, Any]:
+    """One model by id: the served one, or 404 ``model_not_found``."""
+    served = _served_model(request)
+    if model_id != served["id"]:
+        raise model_not_found(model_id, served["id"])
+    return served
+
+
+def _served_model(request: Request) -> dict[str, Any]:
     st = edge_state(request)
     model = {"id": st.settings.model_name, "object": "model", "created": 0, "owned_by": "tokenwire"}
     if st.model.context:
         model["context_length"] = st.model.context
-    return {"object": "list", "data": [model]}
+    return model
 
 
 @router.get("/", include_in_schema=False)
