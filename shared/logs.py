@@ -26,6 +26,8 @@ def request_context(request_id: str) -> Iterator[None]:
 
 
 class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON object: time, level, service, logger, message, request id."""
+
     def __init__(self, service: str) -> None:
         super().__init__()
         self.service = service

@@ -43,6 +43,8 @@ def _handler(registry: CollectorRegistry, readiness: Readiness | None) -> type[M
     metrics = MetricsHandler.factory(registry)
 
     class Handler(metrics):  # type: ignore[valid-type,misc]
+        """Serves /metrics, /healthz and /readyz."""
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/healthz":

@@ -45,6 +45,8 @@ ALL = "all"
 
 @dataclass(frozen=True, slots=True)
 class Row:
+    """One row of the settings table: a variable, who reads it, its default, what it does."""
+
     variable: str
     where: str
     default: str

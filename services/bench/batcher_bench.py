@@ -39,6 +39,8 @@ WORDS = (
 
 @dataclass
 class Run:
+    """One running benchmark cluster: its stack, the batcher under test, a producer and a recorder of the token streams."""
+
     stack: Stack
     batcher: BatcherService
     producer: AIOKafkaProducer
@@ -46,6 +48,8 @@ class Run:
 
 
 class Bench:
+    """The batcher benchmark: starts a cluster per routing mode and worker count, and measures it."""
+
     def __init__(self, env: dict[str, str], model_dir: str, log_dir: Path) -> None:
         self.env, self.model_dir, self.log_dir = env, model_dir, log_dir
 

@@ -25,6 +25,8 @@ COMPLETIONS = "/v1/completions"
 
 @dataclass
 class Sample:
+    """One request as a load driver saw it: time to first token, inter-token gaps, end to end, token counts and each chunk's arrival."""
+
     ttft: float
     itl: list[float]
     e2e: float

@@ -51,6 +51,8 @@ from services.bench.workload import Mix, Workload
 
 @dataclass
 class E2EConfig:
+    """The end-to-end benchmark's load: closed-loop concurrency levels, rounds, open-loop rates and the workload."""
+
     concurrencies: tuple[int, ...] = (1, 8, 32)
     requests_per_stream: int = 3  # closed loop: each level sends max(min_requests, this x N)
     min_requests: int = 8

@@ -48,6 +48,8 @@ _TEXT = re.compile(rb'"text":"(\d+)"')
 
 @dataclass
 class BenchConfig:
+    """The edge benchmark's concurrency levels, latency steps and flood size."""
+
     concurrencies: tuple[int, ...] = (1, 64)
     latency_steps: int = 400
     step_ms: float = 5.0
@@ -56,6 +58,8 @@ class BenchConfig:
 
 @dataclass
 class LevelResult:
+    """What one concurrency level measured: events relayed per second, latency publish to client and to a bare subscriber, and what the edge adds."""
+
     concurrency: int
     events_per_s: float = 0.0
     latency_ms: dict[str, float] = field(default_factory=dict)  # publish → client (p50/p99)

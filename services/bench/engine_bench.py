@@ -25,6 +25,8 @@ from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
 
 @dataclass
 class BenchConfig:
+    """The engine benchmark's concurrency levels, prompt and output lengths, and the shared-prefix run."""
+
     concurrencies: tuple[int, ...] = (1, 8, 32)
     prompt_len: int = 128
     new_tokens: int = 128
@@ -39,6 +41,8 @@ class BenchConfig:
 
 @dataclass
 class Report:
+    """The engine benchmark's rows, as printed and written to JSON."""
+
     model: str
     params_m: float
     threads: int

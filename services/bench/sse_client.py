@@ -27,6 +27,8 @@ OnFrames = Callable[[bytes, int], None]  # (whole events, time.monotonic_ns when
 
 
 class HttpError(RuntimeError):
+    """A streamed request the server refused: its status and body."""
+
     def __init__(self, status: int, body: bytes) -> None:
         super().__init__(f"HTTP {status}: {body[:300].decode(errors='replace')}")
         self.status = status

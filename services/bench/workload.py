@@ -16,6 +16,8 @@ WORDS = (
 
 @dataclass
 class Workload:
+    """The shape of an end-to-end run's requests: shared system prompts, prompt and output lengths, bulk share."""
+
     shared_prefix_share: float = 0.5  # share of requests that start with a shared system prompt
     system_prompts: int = 4
     system_words: int = 120

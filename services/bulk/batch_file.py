@@ -27,6 +27,8 @@ DEFAULT_MAX_TOKENS = 256
 
 @dataclass(frozen=True, slots=True)
 class Job:
+    """A valid input line: its custom id, endpoint and the request to submit."""
+
     custom_id: str
     url: str
     request: GenerateRequest
@@ -34,6 +36,8 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class BadLine:
+    """An input line that cannot be submitted, and why (it becomes an error line)."""
+
     custom_id: str
     code: str
     message: str

@@ -24,6 +24,8 @@ from shared.settings import CommonSettings
 
 @dataclass
 class BulkStats:
+    """Progress of one bulk run: lines read, skipped (already done), submitted, written, failed."""
+
     total: int = 0
     skipped: int = 0
     submitted: int = 0

@@ -39,6 +39,8 @@ class Context:
 
 @dataclass
 class Result:
+    """What one scenario produced: each request's outcome, the service it killed, notes for the table."""
+
     outcomes: list[Outcome]
     killed: str | None = None  # the service the scenario SIGKILLed
     notes: list[str] = field(default_factory=list)

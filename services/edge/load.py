@@ -27,6 +27,8 @@ STATUS_TTL_S = 3.0  # batchers refresh their status several times within this
 
 @dataclass(frozen=True, slots=True)
 class Load:
+    """The batchers' queue as the edge last read it: how many batchers, and what they hold."""
+
     batchers: int = 0
     queued_requests: int = 0
     queued_tokens: int = 0

@@ -43,6 +43,8 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
+    """OpenAI's ``stream_options``: whether the last streamed chunk carries the usage."""
+
     include_usage: bool = False
 
 
@@ -139,11 +141,15 @@ class CompletionBody(_Common):
 
 
 class TextPart(_Strict):
+    """A text part of a chat message's content (the only kind of part served)."""
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessageBody(_Strict):
+    """One chat message as OpenAI clients send it; ``to_wire`` gives the wire message."""
+
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
 

@@ -53,6 +53,8 @@ return {1, 0}
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
+    """A rate limiter's answer for one request: allowed, or when to retry (never: it can not fit at all)."""
+
     allowed: bool
     retry_after_s: float = 0.0
     never: bool = False  # the cost exceeds a bucket's whole capacity

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
+    """The engine's sizes: KV pool and blocks, running cap, tokens per step, prefill chunk, prefix cache."""
+
     block_size: int = 16
     kv_budget_tokens: int = 65_536
     # When set, the KV pool's size in bytes instead: tokens from the model's own layout.
@@ -66,6 +68,8 @@ class StepOutput:
 
 @dataclass(slots=True)
 class EngineStats:
+    """The engine's counters and gauges, sent to the worker with each step."""
+
     running: int = 0
     waiting: int = 0
     steps: int = 0

@@ -47,6 +47,8 @@ class KVBlocks:
 
 @dataclass(slots=True)
 class KVStats:
+    """The block pool's occupancy and the prefix cache's hits and evictions."""
+
     num_blocks: int = 0
     used_blocks: int = 0
     peak_used_blocks: int = 0
@@ -58,6 +60,8 @@ class KVStats:
 
 @dataclass
 class KVCacheManager:
+    """Owns the KV block pool: every sequence's block table, the prefix cache's hash index, the free list."""
+
     num_blocks: int
     block_size: int = 16
     enable_prefix_cache: bool = True

@@ -7,6 +7,8 @@ from enum import Enum
 
 
 class Status(Enum):
+    """Where a sequence is in its life; the ``FINISHED_*`` ones are final."""
+
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"

@@ -17,6 +17,8 @@ GREEDY_BELOW = 1e-5
 
 @dataclass(frozen=True, slots=True)
 class SamplingConfig:
+    """How one request picks its tokens (resolved: no field left to a default)."""
+
     temperature: float = 0.0  # below GREEDY_BELOW: greedy
     top_p: float = 1.0
     top_k: int = 0

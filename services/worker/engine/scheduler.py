@@ -20,6 +20,8 @@ from services.worker.engine.request import SeqState, Status
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
+    """The scheduler's limits: running sequences, tokens per step, prefill chunk."""
+
     max_running: int = 64
     max_step_tokens: int = 1024  # tokens processed by one step (decodes + prefill chunks)
     prefill_chunk: int = 256  # a long prompt is prefilled this many tokens per step
@@ -40,6 +42,8 @@ class Work:
 
 @dataclass(slots=True)
 class StepPlan:
+    """One step's work and the sequences preempted to make room for it."""
+
     work: list[Work] = field(default_factory=list)
     preempted: list[SeqState] = field(default_factory=list)
 

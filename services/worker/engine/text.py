@@ -12,6 +12,8 @@ from typing import Protocol
 
 
 class Decoder(Protocol):
+    """What the text stream needs of a tokenizer: ``decode``."""
+
     def decode(self, token_ids: Sequence[int], **kwargs: bool) -> str: ...
 
 
