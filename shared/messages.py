@@ -58,6 +58,8 @@ _PRIORITY_RANK = {p: i for i, p in enumerate(Priority)}
 
 
 class FinishReason(StrEnum):
+    """Why a stream ended."""
+
     STOP = "stop"  # EOS, a stop string or a stop token id
     LENGTH = "length"  # max_tokens or the model's context
     CANCELLED = "cancelled"
@@ -65,6 +67,8 @@ class FinishReason(StrEnum):
 
 
 class ChatMessage(Wire):
+    """One message of a conversation."""
+
     role: Literal["system", "user", "assistant"]
     content: str = Field(max_length=1_000_000)
 
@@ -143,6 +147,8 @@ class GenerateRequest(Wire):
 
 
 class Usage(Wire):
+    """Token counts of a finished request."""
+
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     cached_tokens: int = Field(0, ge=0, description="prompt tokens served from the prefix cache")
@@ -153,6 +159,8 @@ class Usage(Wire):
 
 
 class ErrorInfo(Wire):
+    """Why a request failed: a stable code and a message for people."""
+
     code: str = Field(max_length=64)
     message: str = Field(max_length=4096)
 

@@ -12,6 +12,8 @@ from shared.settings import FleetSettings
 
 
 class BatcherSettings(FleetSettings):
+    """The batcher's settings (``TW_*``): window, batch and queue limits, routing."""
+
     batcher_id: str = Field(
         default_factory=lambda: f"batcher-{socket.gethostname()}-{os.getpid()}",
         description="this batcher's name in its batches and status "

@@ -14,6 +14,8 @@ T = TypeVar("T")
 
 @dataclass(slots=True)
 class Queued(Generic[T]):
+    """One queued item with its tenant, priority, token cost and arrival time."""
+
     item: T
     tenant: str
     priority: int  # 0 interactive, 1 bulk

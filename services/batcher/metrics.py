@@ -9,8 +9,16 @@ from shared.retry import DependencyMetrics
 
 
 class BatcherMetrics:
+    """Owns the batcher's metrics registry: batching and queue state, and the failures it
+    rides out (dependencies, Kafka errors, rejected messages, refused workers)."""
+
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
+        self._batching(r)
+        self._faults(r)
+
+    def _batching(self, r: CollectorRegistry) -> None:
+        """Batch sizes, window and handoff latencies, queue, dispatch and lag."""
         self.batch_size = Histogram(
             "tw_batcher_batch_size",
             "requests per batch sent to a worker",
@@ -50,8 +58,10 @@ class BatcherMetrics:
         self.lag = Gauge(
             "tw_batcher_consumer_lag", "requests on the topic not yet consumed", registry=r
         )
-        # Riding out Redis and Kafka: tw_batcher_dependency_up / _outages_total, and every
-        # failure caught on the way (what failed, and with which error).
+
+    def _faults(self, r: CollectorRegistry) -> None:
+        """Riding out Redis and Kafka: tw_batcher_dependency_up / _outages_total, and every
+        failure caught on the way (what failed, and with which error)."""
         self.dependencies = DependencyMetrics(r, "batcher")
         self.kafka_errors = Counter(
             "tw_batcher_kafka_errors",

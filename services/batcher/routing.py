@@ -23,6 +23,8 @@ from shared.prefix_hash import AFFINITY_DEPTH
 
 
 class RoutingMode(StrEnum):
+    """How batches pick a worker: prefix affinity, round robin or least loaded."""
+
     AFFINITY = "affinity"
     ROUND_ROBIN = "round_robin"
     LEAST_LOADED = "least_loaded"
@@ -98,6 +100,8 @@ def least_loaded(workers: Sequence[WorkerView]) -> WorkerView:
 
 
 class Router:
+    """Picks the worker for each request from the live workers' views (pure, no I/O)."""
+
     def __init__(self, mode: RoutingMode = RoutingMode.AFFINITY, tolerance: int = 0) -> None:
         self.mode = mode
         self.tolerance = tolerance

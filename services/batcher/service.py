@@ -82,6 +82,8 @@ IDLE_POLL_S = 0.2
 
 @dataclass(slots=True)
 class Pending:
+    """A consumed request waiting in the batcher: where it came from on Kafka, and its encoded size."""
+
     tp: TopicPartition
     offset: int
     request: GenerateRequest
@@ -103,6 +105,8 @@ class Pending:
 
 
 class BatcherService:
+    """The batcher: consumes requests, queues them fairly, closes sliding windows into batches routed to workers, dead-letters what it cannot serve, and rides out Kafka and Redis outages."""
+
     def __init__(self, settings: BatcherSettings, tokenizer: Any = None) -> None:
         self.settings = settings
         self.names: Names = settings.names

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class WindowPolicy:
+    """The sliding window: how long to wait for more requests, from the queue's age and load."""
+
     min_ms: float = 50.0
     max_ms: float = 100.0
     max_requests: int = 64

@@ -16,6 +16,8 @@ def _default_worker_id() -> str:
 
 
 class WorkerSettings(FleetSettings):
+    """The worker's settings (``TW_*``): model, device, engine sizes, intake and claim timing."""
+
     worker_id: str = Field(
         default_factory=_default_worker_id,
         description="this worker's name in heartbeats and claims (default: <hostname>-<pid>)",

@@ -13,9 +13,26 @@ from shared.retry import DependencyMetrics
 
 
 class WorkerMetrics:
+    """Owns the worker's metrics registry: request latencies, engine counters and gauges,
+    failures and dependency states; ``refresh`` turns engine stats into counter steps."""
+
     def __init__(self, worker_id: str) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         lbl = {"worker": worker_id}
+        self._latencies(r)
+        self._engine(r)
+        self._faults(r)
+        self.deps = DependencyMetrics(r, "worker")
+        self.info = Gauge("tw_worker_info", "worker identity", list(lbl), registry=r)
+        self.info.labels(**lbl).set(1)
+        self._preempted_seen = 0
+        self._prefilled_seen = 0
+        self._steps_seen = 0
+        self._busy_seen = 0.0
+        self._last_event: dict[str, float] = {}
+
+    def _latencies(self, r: CollectorRegistry) -> None:
+        """Request latency histograms."""
         self.ttft = Histogram(
             "tw_time_to_first_token_seconds",
             "request creation to its first token published",
@@ -40,6 +57,9 @@ class WorkerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _engine(self, r: CollectorRegistry) -> None:
+        """Token, step and occupancy counters and gauges of the engine."""
         self.prompt_tokens = Counter(
             "tw_prompt_tokens", "prompt tokens of finished requests", registry=r
         )
@@ -66,6 +86,9 @@ class WorkerMetrics:
         self.lag = Gauge(
             "tw_worker_consumer_lag", "batches not yet committed on assigned partitions", registry=r
         )
+
+    def _faults(self, r: CollectorRegistry) -> None:
+        """Failures, handled errors, unfollowed cancels and engine pauses."""
         self.failures = Counter(
             "tw_worker_request_failures",
             "requests ended with an error, by cause (each also dead-lettered)",
@@ -88,14 +111,6 @@ class WorkerMetrics:
             "1 while the engine is paused because token events cannot be published",
             registry=r,
         )
-        self.deps = DependencyMetrics(r, "worker")
-        self.info = Gauge("tw_worker_info", "worker identity", list(lbl), registry=r)
-        self.info.labels(**lbl).set(1)
-        self._preempted_seen = 0
-        self._prefilled_seen = 0
-        self._steps_seen = 0
-        self._busy_seen = 0.0
-        self._last_event: dict[str, float] = {}
 
     def started(self, req: GenerateRequest) -> None:
         self.queue_time.observe(max(0.0, time.time() - req.created_at))

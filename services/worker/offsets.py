@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class OffsetTracker:
+    """Owns the batches taken per partition and which of their requests are unsettled: the offsets that may be committed."""
+
     _pending: dict[int, dict[int, set[str]]] = field(default_factory=lambda: defaultdict(dict))
     _owner: dict[str, set[tuple[int, int]]] = field(default_factory=lambda: defaultdict(set))
     _committed: dict[int, int] = field(default_factory=dict)

@@ -19,6 +19,8 @@ from typing import Generic, Protocol, TypeVar
 
 
 class Phase(Enum):
+    """Where a request held by this worker is: its claim being taken, claimed, running in the engine, deferred (claimed elsewhere), or settling its results."""
+
     CLAIMING = "claiming"
     CLAIMED = "claimed"
     RUNNING = "running"
@@ -44,6 +46,8 @@ class IllegalTransition(RuntimeError):
 
 
 class Tracked(Protocol):
+    """What the request table needs of a held request: its id, phase and partition."""
+
     phase: Phase
     partition: int
 
