@@ -69,6 +69,11 @@ class _Common(_Strict):
     store: bool = Field(False, description="accepted, not used (nothing is stored)")
     priority: Priority = Field(Priority.INTERACTIVE, description="tokenwire extension")
     ignore_eos: bool = Field(False, description="tokenwire extension: run to max_tokens")
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="vLLM extension: token ids that end the completion, as EOS does",
+    )
     return_token_ids: bool = Field(
         False,
         description="vLLM extension: each choice (each streamed chunk's too) carries the ids "
@@ -124,6 +129,7 @@ class _Common(_Strict):
             top_k=self.top_k,
             seed=self.seed,
             stop=stop,
+            stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
         )
 

@@ -637,3 +637,28 @@ async def test_schemathesis_finds_no_server_errors(edges: Edges) -> None:
     report = out.decode(errors="replace")
     (artifacts / "edge-schemathesis.txt").write_text(report)
     assert proc.returncode == 0, report[-8000:]
+
+
+async def test_stop_token_ids_end_a_completion(edges: Edges) -> None:
+    body = {
+        "model": MODEL,
+        "prompt": "The function",
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=60) as http:
+        free = await http.post("/v1/completions", json=body, headers=auth(ACME))
+        ids = free.json()["choices"][0]["token_ids"]
+        assert len(ids) == 8, free.text
+        # The last of the first six tokens whose id did not come before it.
+        stop_at = max(i for i, t in enumerate(ids[:6]) if ids.index(t) == i)
+        stopped = await http.post(
+            "/v1/completions",
+            json={**body, "stop_token_ids": [ids[stop_at]]},  # EOS still ignored
+            headers=auth(ACME),
+        )
+    choice = stopped.json()["choices"][0]
+    assert choice["token_ids"] == ids[: stop_at + 1], stopped.text
+    assert choice["finish_reason"] == "stop"

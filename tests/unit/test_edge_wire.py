@@ -163,7 +163,6 @@ UNSUPPORTED = {
     "best_of": 2,
     "suffix": "x",
     "min_tokens": 3,
-    "stop_token_ids": [1],
 }
 
 
@@ -200,6 +199,8 @@ def test_metadata_is_accepted_and_null_means_the_default() -> None:
     )
     assert body.temperature is None and body.stream is False and body.stop is None
     assert body.to_request("cmpl-1", "t", 4).sampling.temperature is None  # the model's default
+    ids = CompletionBody.model_validate({"model": "m", "prompt": "x", "stop_token_ids": [7, 9]})
+    assert ids.to_request("cmpl-2", "t", 4).sampling.stop_token_ids == [7, 9]
     with pytest.raises(ValidationError):  # a message's unknown fields too (tool calls)
         ChatBody.model_validate(
             {
