@@ -48,15 +48,35 @@ class ModelInfo:
         """Prompt tokens as the worker counts them (special tokens added)."""
         if self.tokenizer is None:
             return estimate_tokens(prompt)
-        return len(self.tokenizer.encode(prompt).ids)
+        return len(self.encode_prompt(prompt))
 
     def count_chat(self, messages: Sequence[ChatMessage]) -> int:
         """Tokens of the conversation rendered with the model's chat template."""
-        msgs = [{"role": m.role, "content": m.content} for m in messages]
         if self.tokenizer is None or self.chat_template is None:
-            return estimate_tokens("".join(m["content"] for m in msgs)) + 4 * len(msgs)
+            return estimate_tokens("".join(m.content for m in messages)) + 4 * len(messages)
+        return len(self.encode_chat(messages))
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """A prompt's token ids as the worker computes them (special tokens added)."""
+        ids: list[int] = self.tokenizer.encode(prompt).ids
+        return ids
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The token ids of a conversation rendered with the model's chat template."""
+        msgs = [{"role": m.role, "content": m.content} for m in messages]
         text = self.chat_template.render(messages=msgs, add_generation_prompt=True)
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids (special tokens dropped, as in completions)."""
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return text
+
+    @property
+    def vocab_size(self) -> int:
+        size: int = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        return size
 
 
 def estimate_tokens(text: str) -> int:

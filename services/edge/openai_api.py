@@ -28,7 +28,7 @@ StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 PromptList = Annotated[list[str], Field(min_length=1, max_length=1)]
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     """A request object that refuses fields it does not define and reads ``null`` as
     "the default"."""
 
@@ -42,13 +42,13 @@ class _Strict(BaseModel):
         return data
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     """OpenAI's ``stream_options``: whether the last streamed chunk carries the usage."""
 
     include_usage: bool = False
 
 
-class _Common(_Strict):
+class _Common(Strict):
     model: str = Field(max_length=256)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     # Left out: the served model's default (its generation_config.json), as vLLM does.
@@ -146,14 +146,14 @@ class CompletionBody(_Common):
         return {"prompt": self.prompt_text()}
 
 
-class TextPart(_Strict):
+class TextPart(Strict):
     """A text part of a chat message's content (the only kind of part served)."""
 
     type: Literal["text"]
     text: str
 
 
-class ChatMessageBody(_Strict):
+class ChatMessageBody(Strict):
     """One chat message as OpenAI clients send it; ``to_wire`` gives the wire message."""
 
     role: Literal["system", "developer", "user", "assistant"]

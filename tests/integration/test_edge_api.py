@@ -662,3 +662,32 @@ async def test_stop_token_ids_end_a_completion(edges: Edges) -> None:
     choice = stopped.json()["choices"][0]
     assert choice["token_ids"] == ids[: stop_at + 1], stopped.text
     assert choice["finish_reason"] == "stop"
+
+
+async def test_tokenize_and_detokenize_agree_with_what_the_worker_counts(edges: Edges) -> None:
+    prompt = "The function returns a list of values"
+    msgs = [{"role": "user", "content": "What is a list?"}]
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=60, headers=auth(ACME)) as http:
+        tok = (await http.post("/tokenize", json={"model": MODEL, "prompt": prompt})).json()
+        done = await http.post(
+            "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1}
+        )
+        assert tok["count"] == len(tok["tokens"]) == done.json()["usage"]["prompt_tokens"]
+        assert tok["max_model_len"] == 2048
+        back = await http.post("/detokenize", json={"model": MODEL, "tokens": tok["tokens"]})
+        assert back.json()["prompt"] == prompt
+        chat = (await http.post("/tokenize", json={"model": MODEL, "messages": msgs})).json()
+        answered = await http.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": msgs, "max_tokens": 1}
+        )
+        assert chat["count"] == answered.json()["usage"]["prompt_tokens"]
+        refusals = [
+            ("/tokenize", {"model": MODEL}, 400),
+            ("/tokenize", {"model": MODEL, "prompt": "x", "messages": msgs}, 400),
+            ("/tokenize", {"model": "gpt-nope", "prompt": "x"}, 404),
+            ("/detokenize", {"model": MODEL, "tokens": [10**9]}, 400),
+            ("/detokenize", {"model": MODEL, "tokens": [1], "skip": True}, 400),
+        ]
+        for path, body, status in refusals:
+            r = await http.post(path, json=body)
+            assert r.status_code == status, (path, body, r.text)
