@@ -90,6 +90,19 @@ class SamplingParams(Wire):
     )
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
+    min_tokens: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="EOS and stop_token_ids cannot end the request before this many tokens "
+        "(stop strings still can)",
+    )
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> SamplingParams:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError("min_tokens must not exceed max_tokens")
+        return self
 
 
 class ReplyTarget(Wire):

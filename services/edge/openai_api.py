@@ -69,6 +69,13 @@ class _Common(Strict):
     store: bool = Field(False, description="accepted, not used (nothing is stored)")
     priority: Priority = Field(Priority.INTERACTIVE, description="tokenwire extension")
     ignore_eos: bool = Field(False, description="tokenwire extension: run to max_tokens")
+    min_tokens: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="vLLM extension: EOS and stop_token_ids cannot end the completion "
+        "before this many tokens",
+    )
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list,
         max_length=64,
@@ -131,6 +138,7 @@ class _Common(Strict):
             stop=stop,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
         )
 
 

@@ -219,6 +219,7 @@ class Intake:
                 stop=sp.stop,
                 stop_token_ids=sp.stop_token_ids,
                 ignore_eos=sp.ignore_eos,
+                min_tokens=sp.min_tokens,
                 priority=req.priority.rank,
             )
         )

@@ -659,9 +659,15 @@ async def test_stop_token_ids_end_a_completion(edges: Edges) -> None:
             json={**body, "stop_token_ids": [ids[stop_at]]},  # EOS still ignored
             headers=auth(ACME),
         )
+        held = await http.post(  # min_tokens: the stop id cannot end it before 7 tokens
+            "/v1/completions",
+            json={**body, "stop_token_ids": [ids[stop_at]], "min_tokens": 7},
+            headers=auth(ACME),
+        )
     choice = stopped.json()["choices"][0]
     assert choice["token_ids"] == ids[: stop_at + 1], stopped.text
     assert choice["finish_reason"] == "stop"
+    assert len(held.json()["choices"][0]["token_ids"]) >= 7, held.text
 
 
 async def test_tokenize_and_detokenize_agree_with_what_the_worker_counts(edges: Edges) -> None:

@@ -162,7 +162,6 @@ UNSUPPORTED = {
     "echo": True,
     "best_of": 2,
     "suffix": "x",
-    "min_tokens": 3,
 }
 
 

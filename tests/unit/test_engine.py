@@ -263,3 +263,35 @@ def test_requests_that_cannot_run_fail_cleanly(lm: tuple[Any, Any]) -> None:
         assert finals[name].finish is Status.FINISHED_ERROR
         assert "token ids must lie in" in (finals[name].error or "")
     assert finals["fine"].finish is Status.FINISHED_LENGTH and len(tokens["fine"]) == 4
+
+
+def test_min_tokens_hold_stop_ids_as_generate_does(lm: tuple[Any, Any]) -> None:
+    """Until ``min_tokens`` tokens are out, a stop id cannot be picked (Hugging Face's
+    ``min_new_tokens``); after that it ends the request."""
+    model, tok = lm
+    rng = random.Random(9)
+    prompts = [random_ids(rng, 24, model.config.vocab_size) for _ in range(4)]
+    engine = Engine(model, tok, EngineConfig(kv_budget_tokens=4096))
+    want = {}
+    for i, p in enumerate(prompts):
+        free = reference(model, p, 12)
+        stop = free[1]  # picked early: held back while the minimum is not reached
+        engine.add_request(
+            EngineRequest(
+                f"r{i}", p, max_tokens=20, stop_token_ids=[stop], ignore_eos=True, min_tokens=6
+            )
+        )
+        with torch.inference_mode():
+            out = model.generate(
+                torch.tensor([p], device=model.device),
+                max_new_tokens=20,
+                min_new_tokens=6,
+                do_sample=False,
+                eos_token_id=[stop],
+            )
+        want[f"r{i}"] = out[0, len(p) :].tolist()
+    tokens, _ = collect(engine.run_until_idle())
+    for rid, expected in want.items():
+        assert tokens[rid] == expected, rid
+        assert len(tokens[rid]) >= 6
+    assert any(len(t) < 20 for t in tokens.values())  # the stop id ends some after the minimum

@@ -481,3 +481,9 @@ def test_sampling_left_out_takes_the_model_defaults(tmp_path: Path) -> None:
     assert defaults.unapplied == ()
     (tmp_path / "generation_config.json").write_text('{"repetition_penalty": 1.1, "min_p": 0.0}')
     assert SamplingDefaults.of_folder(tmp_path).unapplied == ("repetition_penalty",)
+
+
+def test_min_tokens_cannot_exceed_max_tokens() -> None:
+    assert SamplingParams(max_tokens=5, min_tokens=5).min_tokens == 5
+    with pytest.raises(ValidationError):
+        SamplingParams(max_tokens=4, min_tokens=5)

@@ -48,6 +48,7 @@ class EngineRequest:
     stop: Sequence[str] = ()
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0  # EOS and stop token ids cannot end it before this many tokens
     priority: int = 0
 
 
@@ -264,7 +265,24 @@ class Engine:
                 self.stats.prefilled_tokens += w.num_tokens
 
     def _sample(self, logits: torch.Tensor, lives: list[_Live]) -> list[int | None]:
+        self._hold_stops(logits, lives)
         return sample(logits, [lv.req.sampling for lv in lives], [lv.generator for lv in lives])
+
+    def _hold_stops(self, logits: torch.Tensor, lives: list[_Live]) -> None:
+        """Rows short of their ``min_tokens`` cannot pick a stop id (EOS, stop token ids):
+        one indexed write over the few (row, id) pairs, as Hugging Face's min-new-tokens
+        processor does."""
+        rows: list[int] = []
+        cols: list[int] = []
+        for i, lv in enumerate(lives):
+            if len(lv.seq.output_ids) < lv.req.min_tokens:
+                ids = [t for t in lv.stop_ids if t < self.vocab_size]
+                rows += [i] * len(ids)
+                cols += ids
+        if rows:
+            dev = logits.device
+            index = (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev))
+            logits.index_put_(index, torch.tensor(float("-inf"), device=dev))
 
     def _emit(self, live: _Live, token: int) -> StepOutput:
         seq = live.seq
