@@ -73,6 +73,13 @@ class ModelInfo:
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
         return text
 
+    def token_text(self, token_id: int) -> str:
+        """One token's text (its id as text when no tokenizer is configured)."""
+        if self.tokenizer is None:
+            return str(token_id)
+        text: str = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
     @property
     def vocab_size(self) -> int:
         size: int = self.tokenizer.get_vocab_size(with_added_tokens=True)

@@ -99,6 +99,10 @@ class _Common(Strict):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def requested_logprobs(self) -> int | None:
+        """How many alternatives to report with each token's log-probability; None: none."""
+        return None
+
     def request_input(self) -> dict[str, Any]:
         """The prompt or the messages, as GenerateRequest fields."""
         raise NotImplementedError
@@ -139,6 +143,7 @@ class _Common(Strict):
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
+            logprobs=self.requested_logprobs(),
         )
 
 
@@ -146,6 +151,12 @@ class CompletionBody(_Common):
     """``POST /v1/completions``."""
 
     prompt: str | PromptList = Field(description="a string (or a list holding one)")
+    logprobs: int | None = Field(
+        None, ge=0, le=5, description="each token's log-probability and this many alternatives"
+    )
+
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
@@ -179,6 +190,19 @@ class ChatBody(_Common):
 
     messages: list[ChatMessageBody] = Field(min_length=1, max_length=1024)
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    logprobs: bool = Field(False, description="each output token's log-probability")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=20, description="with logprobs: this many alternatives per token"
+    )
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatBody:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def requested_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -119,6 +119,7 @@ class JsonRelay(_Relay):
         idle_since = loop.time()
         text: list[str] = []
         token_ids: list[int] = []
+        with_logprobs: list[Event] = []
         while True:
             events = await stream.next(plan.st.settings.keepalive_s)
             if not events:
@@ -134,13 +135,15 @@ class JsonRelay(_Relay):
             for ev in events:
                 text.append(ev.get("text", ""))
                 token_ids += ev.get("token_ids", ())
+                if ev.get("logprobs") is not None:
+                    with_logprobs.append(ev)
         last = stream.final_event or {}
         if last.get("error"):
             err = error_of(last)
             status = 400 if err["code"] in CLIENT_ERROR_CODES else 500
             await _json(send, status, {"error": {**err, "param": None}}, stream.request_id)
             return
-        whole = plan.shape.whole("".join(text), last, token_ids)
+        whole = plan.shape.whole("".join(text), last, token_ids, with_logprobs)
         await _json(send, 200, whole, stream.request_id)
 
 

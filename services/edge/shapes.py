@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,8 @@ class Shape:
     created: int
     # vLLM's ``return_token_ids``: each choice also carries the token ids it adds.
     token_ids: bool = False
+    # A token's text, for log-probabilities (events carry ids only).
+    token_text: Callable[[int], str] = str
     chat: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -93,7 +96,7 @@ class Shape:
 
     def chunk_json(self, ev: Event) -> bytes:
         """One event as the JSON of a streamed chunk."""
-        if ev.get("finish_reason") is None:
+        if ev.get("finish_reason") is None and ev.get("logprobs") is None:
             text = orjson.dumps(ev.get("text", ""))
             tail = self._tail
             if self.token_ids:
@@ -105,18 +108,57 @@ class Shape:
         return orjson.dumps(self.final_chunk(ev))
 
     def final_chunk(self, ev: Event) -> dict[str, Any]:
-        finish = ev["finish_reason"]
+        """A chunk built as a dict: the final one, or one that carries log-probabilities."""
+        finish = ev.get("finish_reason")
         text = ev.get("text", "")
+        logprobs = self.logprobs([ev]) if ev.get("logprobs") is not None else None
         if self.chat:
             delta: dict[str, Any] = {"content": text}
             if ev["seq"] == 0:
                 delta["role"] = "assistant"
             choice = {"index": 0, "delta": delta, **self._ids(ev.get("token_ids", []))}
-            choice.update(logprobs=None, finish_reason=finish)
+            choice.update(logprobs=logprobs, finish_reason=finish)
             return {**self.head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text, **self._ids(ev.get("token_ids", []))}
-        choice.update(logprobs=None, finish_reason=finish)
+        choice.update(logprobs=logprobs, finish_reason=finish)
         return {**self.head("text_completion"), "choices": [choice]}
+
+    def logprobs(self, events: list[Event]) -> dict[str, Any]:
+        """The ``logprobs`` of a choice made of ``events``, in the chat shape
+        (``content``: one entry per token) or the completions one (parallel lists)."""
+        entries = [
+            (e, ev.get("text_offset") or 0) for ev in events for e in ev.get("logprobs") or ()
+        ]
+        if self.chat:
+            return {"content": [self._chat_logprob(e) for e, _ in entries], "refusal": None}
+        tokens, offsets = [], []
+        at, last_start = 0, -1
+        for e, start in entries:
+            if start != last_start:  # each event's tokens count from where its text starts
+                at, last_start = start, start
+            piece = self.token_text(e["token_id"])
+            tokens.append(piece)
+            offsets.append(at)
+            at += len(piece)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e["logprob"] for e, _ in entries],
+            "top_logprobs": [
+                {self.token_text(t["token_id"]): t["logprob"] for t in e.get("top", ())}
+                for e, _ in entries
+            ],
+            "text_offset": offsets,
+        }
+
+    def _chat_logprob(self, e: dict[str, Any]) -> dict[str, Any]:
+        def one(token_id: int, logprob: float) -> dict[str, Any]:
+            text = self.token_text(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return {
+            **one(e["token_id"], e["logprob"]),
+            "top_logprobs": [one(t["token_id"], t["logprob"]) for t in e.get("top", ())],
+        }
 
     def _ids(self, token_ids: list[int]) -> dict[str, Any]:
         return {"token_ids": token_ids} if self.token_ids else {}
@@ -135,13 +177,22 @@ class Shape:
             return frame({"error": error_of(ev)}, ev["seq"])
         return b"id: %d\ndata: %s\n\n" % (ev["seq"], self.chunk_json(ev))
 
-    def whole(self, text: str, last: Event, token_ids: list[int] | None = None) -> dict[str, Any]:
-        """The non-streamed response."""
+    def whole(
+        self,
+        text: str,
+        last: Event,
+        token_ids: list[int] | None = None,
+        events: list[Event] | None = None,
+    ) -> dict[str, Any]:
+        """The non-streamed response; ``events`` carry the log-probabilities, if asked."""
         finish = last.get("finish_reason")
         ids = self._ids(token_ids or [])
+        asked = events is not None and any(ev.get("logprobs") is not None for ev in events)
+        logprobs = self.logprobs(events or []) if asked else None
         if self.chat:
             msg = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": msg, **ids, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "message": msg, **ids, "finish_reason": finish}
+            choice["logprobs"] = logprobs
             return {**self.head("chat.completion"), "choices": [choice], "usage": usage_of(last)}
-        choice = {"index": 0, "text": text, **ids, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, **ids, "logprobs": logprobs, "finish_reason": finish}
         return {**self.head("text_completion"), "choices": [choice], "usage": usage_of(last)}

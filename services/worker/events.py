@@ -15,6 +15,8 @@ from shared.messages import (
     FinishReason,
     GenerateRequest,
     TokenEvent,
+    TokenLogprob,
+    TopLogprob,
     Usage,
 )
 
@@ -38,6 +40,8 @@ class RequestState:
     skip_upto: int = -1  # events up to this seq were published before (a redelivery)
     next_seq: int = 0
     pending_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    text_chars: int = 0  # characters of completion text in the events so far
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     # Outputs that arrived while CLAIMING (started before its claim answered).
@@ -70,11 +74,24 @@ class RequestState:
         self.pending_ids += out.token_ids
         self.token_ids += out.token_ids
         self.text.append(out.text)
+        if out.logprobs:
+            self.pending_logprobs += [
+                TokenLogprob(
+                    token_id=t,
+                    logprob=lp.logprob,
+                    top=[TopLogprob(token_id=i, logprob=v) for i, v in lp.top],
+                )
+                for t, lp in zip(out.token_ids, out.logprobs, strict=True)
+            ]
         if not out.text and out.finish is None:
             return None
         ev = TokenEvent(
             request_id=out.request_id, seq=self.next_seq, text=out.text, token_ids=self.pending_ids
         )
+        if self.request.sampling.logprobs is not None:
+            ev.logprobs, ev.text_offset = self.pending_logprobs, self.text_chars
+            self.pending_logprobs = []
+        self.text_chars += len(out.text)
         if out.finish is not None:
             ev.finish_reason = FINISH[out.finish]
             if out.error:

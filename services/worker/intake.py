@@ -220,6 +220,7 @@ class Intake:
                 stop_token_ids=sp.stop_token_ids,
                 ignore_eos=sp.ignore_eos,
                 min_tokens=sp.min_tokens,
+                logprobs=sp.logprobs,
                 priority=req.priority.rank,
             )
         )

@@ -697,3 +697,47 @@ async def test_tokenize_and_detokenize_agree_with_what_the_worker_counts(edges: 
         for path, body, status in refusals:
             r = await http.post(path, json=body)
             assert r.status_code == status, (path, body, r.text)
+
+
+async def test_logprobs_through_the_openai_client_streamed_and_not(edges: Edges) -> None:
+    """Greedy: each token is its position's best, so its log-probability heads its top
+    list; the same values whether streamed or not, in both endpoints' shapes."""
+    client = openai.AsyncOpenAI(base_url=edges.url("a") + "/v1", api_key=ACME, max_retries=0)
+    prompt = "The function returns a list of"
+    common = {
+        "model": MODEL,
+        "max_tokens": 12,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = await client.completions.create(prompt=prompt, logprobs=3, **common)
+    lp = whole.choices[0].logprobs
+    assert lp is not None and len(lp.tokens or []) == 12
+    assert "".join(lp.tokens or []) == whole.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in (lp.tokens or [])[:i]) for i in range(12)]
+    for chosen, top in zip(lp.token_logprobs or [], lp.top_logprobs or [], strict=True):
+        assert len(top) <= 3 and chosen <= 0 and abs(max(top.values()) - chosen) < 1e-5
+    streamed = []
+    stream = await client.completions.create(prompt=prompt, logprobs=3, stream=True, **common)
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.token_logprobs or []
+    assert streamed == lp.token_logprobs
+
+    msgs = [{"role": "user", "content": "What is a list?"}]
+    chat = await client.chat.completions.create(
+        messages=msgs,  # type: ignore[arg-type]
+        logprobs=True,
+        top_logprobs=2,
+        **common,
+    )
+    content = chat.choices[0].logprobs.content if chat.choices[0].logprobs else None
+    assert content is not None and len(content) == 12
+    # Special tokens (the template's markers) are listed but not part of the content.
+    said = [c.token for c in content if not (c.token.startswith("<|") and c.token.endswith("|>"))]
+    assert "".join(said) == chat.choices[0].message.content
+    for c in content:
+        assert len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob == c.logprob
+        assert c.bytes == list(c.token.encode())
+    plain = await client.chat.completions.create(messages=msgs, **common)  # type: ignore[arg-type]
+    assert plain.choices[0].logprobs is None

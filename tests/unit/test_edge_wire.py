@@ -151,8 +151,6 @@ def test_bad_parameters_fail_validation(patch: dict[str, object]) -> None:
 
 # OpenAI request fields this server does not implement: each must be refused, none ignored.
 UNSUPPORTED = {
-    "logprobs": True,
-    "top_logprobs": 2,
     "presence_penalty": 0.5,
     "frequency_penalty": 0.5,
     "logit_bias": {"5": 1},

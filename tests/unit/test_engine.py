@@ -295,3 +295,42 @@ def test_min_tokens_hold_stop_ids_as_generate_does(lm: tuple[Any, Any]) -> None:
         assert tokens[rid] == expected, rid
         assert len(tokens[rid]) >= 6
     assert any(len(t) < 20 for t in tokens.values())  # the stop id ends some after the minimum
+
+
+def test_logprobs_equal_log_softmax_of_a_plain_forward_pass(lm: tuple[Any, Any]) -> None:
+    """Batched with requests that ask for none, sampled or greedy: each token's reported
+    log-probability and top alternatives are those of one unbatched forward pass over the
+    sequence so far."""
+    model, tok = lm
+    rng = random.Random(10)
+    engine = Engine(model, tok, EngineConfig(kv_budget_tokens=8192))
+    asks = {"g": (0.0, 3), "s": (0.8, 5), "z": (0.0, 0), "none": (0.0, None)}
+    prompts = {rid: random_ids(rng, rng.randint(5, 60), model.config.vocab_size) for rid in asks}
+    for rid, (temp, k) in asks.items():
+        engine.add_request(
+            EngineRequest(
+                rid,
+                prompts[rid],
+                max_tokens=10,
+                sampling=SamplingConfig(temperature=temp, seed=3),
+                ignore_eos=True,
+                logprobs=k,
+            )
+        )
+    outputs = engine.run_until_idle()
+    for rid, (_, k) in asks.items():
+        outs = [o for o in outputs if o.request_id == rid]
+        ids = [t for o in outs for t in o.token_ids]
+        if k is None:
+            assert all(o.logprobs is None for o in outs)
+            continue
+        got = [lp for o in outs for lp in o.logprobs or []]
+        assert len(got) == len(ids) == 10
+        with torch.inference_mode():
+            seq = torch.tensor([prompts[rid] + ids[:-1]], device=model.device)
+            want = torch.log_softmax(model(seq).logits[0, len(prompts[rid]) - 1 :].float(), -1)
+        for pos, (tok_id, lp) in enumerate(zip(ids, got, strict=True)):
+            assert abs(lp.logprob - want[pos, tok_id].item()) < 1e-4, (rid, pos)
+            top_v, top_i = want[pos].topk(k) if k else (want[pos, :0], want[pos, :0])
+            assert [t for t, _ in lp.top] == top_i.tolist(), (rid, pos)
+            assert all(abs(v - w) < 1e-4 for (_, v), w in zip(lp.top, top_v.tolist(), strict=True))

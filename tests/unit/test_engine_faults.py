@@ -33,10 +33,16 @@ top_ps = st.one_of(
 
 
 def sampling_strategy(vocab: int) -> st.SearchStrategy[SamplingParams]:
+    return st.integers(1, 6).flatmap(lambda n: _sampling(vocab, n))
+
+
+def _sampling(vocab: int, max_tokens: int) -> st.SearchStrategy[SamplingParams]:
     stop_text = st.text(min_size=1, max_size=256)
     return st.builds(
         SamplingParams,
-        max_tokens=st.integers(1, 6),
+        max_tokens=st.just(max_tokens),
+        min_tokens=st.integers(0, max_tokens),
+        logprobs=st.one_of(st.none(), st.sampled_from([0, 1, 20]), st.integers(0, 20)),
         temperature=temperatures,
         top_p=top_ps,
         top_k=st.one_of(st.sampled_from([0, 1, vocab - 1, vocab, vocab + 1]), st.integers(0)),
@@ -57,6 +63,8 @@ def engine_request(rid: str, prompt: list[int], sp: SamplingParams) -> EngineReq
         stop=sp.stop,
         stop_token_ids=sp.stop_token_ids,
         ignore_eos=sp.ignore_eos,
+        min_tokens=sp.min_tokens,
+        logprobs=sp.logprobs,
     )
 
 
@@ -81,11 +89,16 @@ def test_every_admitted_sampling_field_ends_in_a_final_event(engine: Engine) -> 
     def check(params: list[SamplingParams], r: random.Random) -> None:
         n = next(counter)
         rids = [f"h{n}-{i}" for i in range(len(params))]
-        for rid, sp in zip(rids, params, strict=True):
-            engine.add_request(engine_request(rid, random_ids(r, r.randint(1, 40), vocab), sp))
+        # Every draw before the first request goes in: an example that hypothesis ends
+        # while drawing must not leave requests in the engine for the next one.
+        prompts = [random_ids(r, r.randint(1, 40), vocab) for _ in params]
+        for rid, sp, prompt in zip(rids, params, prompts, strict=True):
+            engine.add_request(engine_request(rid, prompt, sp))
         plain = f"h{n}-plain"
         engine.add_request(EngineRequest(plain, plain_prompt, max_tokens=4, ignore_eos=True))
-        tokens, finals = collect(engine.run_until_idle())
+        done = engine.run_until_idle()
+        tokens, finals = collect(done)
+        outs = {rid: [o for o in done if o.request_id == rid] for rid in rids}
         assert set(finals) == {*rids, plain}
         for rid, sp in zip(rids, params, strict=True):
             out = finals[rid]
@@ -93,6 +106,10 @@ def test_every_admitted_sampling_field_ends_in_a_final_event(engine: Engine) -> 
             assert out.error is None, out.error  # every admitted value is servable
             assert len(tokens.get(rid, [])) <= sp.max_tokens
             assert all(0 <= t < vocab for t in tokens.get(rid, []))
+            if sp.logprobs is not None:  # one finite log-probability per token
+                got = [lp for o in outs[rid] for lp in o.logprobs or []]
+                assert len(got) == len(tokens.get(rid, []))
+                assert all(-1e4 <= lp.logprob <= 0 and len(lp.top) == sp.logprobs for lp in got)
         assert tokens[plain] == expected
         assert engine.stats.kv_used_blocks == 0
 

@@ -39,6 +39,7 @@ async def generate(request: Request, who: Principal, body: CompletionBody | Chat
             st.settings.model_name,
             created_of(req.request_id),
             token_ids=body.return_token_ids,
+            token_text=st.model.token_text,
         ),
         who.tenant,
         cancel_on_disconnect=not body.resumable,

@@ -43,7 +43,11 @@ async def resume(
     with st.health.guard("stream open", request_id):
         await stream.open()
     shape = Shape(
-        request_id, st.settings.model_name, created_of(request_id), token_ids=return_token_ids
+        request_id,
+        st.settings.model_name,
+        created_of(request_id),
+        token_ids=return_token_ids,
+        token_text=st.model.token_text,
     )
     plan = RelayPlan(
         st, stream, shape, who.tenant, cancel_on_disconnect=False, include_usage=include_usage

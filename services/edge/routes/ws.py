@@ -77,6 +77,7 @@ async def _handle(
             st.settings.model_name,
             created_of(req.request_id),
             token_ids=body.return_token_ids,
+            token_text=st.model.token_text,
         )
         await _relay(ws, inbox, st, who, stream, shape, cancel_on_disconnect=not body.resumable)
     elif kind == "resume":
@@ -89,7 +90,7 @@ async def _handle(
         stream = st.event_stream(rid, after_seq=after)
         with st.health.guard("stream open", rid):
             await stream.open()
-        shape = Shape(rid, st.settings.model_name, created_of(rid))
+        shape = Shape(rid, st.settings.model_name, created_of(rid), token_text=st.model.token_text)
         await _relay(ws, inbox, st, who, stream, shape, cancel_on_disconnect=False)
     elif kind == "cancel" and msg.get("request_id"):
         rid = str(msg["request_id"])

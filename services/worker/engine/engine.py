@@ -49,7 +49,21 @@ class EngineRequest:
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
     min_tokens: int = 0  # EOS and stop token ids cannot end it before this many tokens
+    logprobs: int | None = None  # each token's log-probability and this many alternatives
     priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """A sampled token's log-probability under the model (before any sampling filter)
+    and the most likely tokens' ``(id, log-probability)``, best first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+# What a log-probability of minus infinity is reported as (JSON has no infinity), as vLLM.
+LOGPROB_FLOOR = -9999.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +79,7 @@ class StepOutput:
     cached_tokens: int = 0
     error: str | None = None
     error_code: str = "invalid_request"  # the request's input, or "engine_error"
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when asked for
 
 
 @dataclass(slots=True)
@@ -219,14 +234,48 @@ class Engine:
         if not sampled:
             return outputs
         lives = [self._live[r] for r in sampled]
-        tokens = self._sample(torch.stack([logits[r] for r in sampled]), lives)
+        stacked = torch.stack([logits[r] for r in sampled])
+        wanted = [i for i, lv in enumerate(lives) if lv.req.logprobs is not None]
+        # From the model's own distribution, before holds and sampling filters.
+        logprobs = torch.log_softmax(stacked[wanted].float(), dim=-1) if wanted else None
+        tokens = self._sample(stacked, lives)
         self.stats.decoded_tokens += len(tokens)
-        for lv, tok in zip(lives, tokens, strict=True):
+        reported = self._logprobs(logprobs, wanted, lives, tokens)
+        for i, (lv, tok) in enumerate(zip(lives, tokens, strict=True)):
             if tok is None:
                 outputs.append(self._fail(lv, "the model produced non-finite logits"))
-            else:
-                outputs.append(self._emit(lv, tok))
+                continue
+            out = self._emit(lv, tok)
+            if i in reported and out.error is None:
+                out = replace(out, logprobs=[reported[i]])
+            outputs.append(out)
         return outputs
+
+    def _logprobs(
+        self,
+        logprobs: torch.Tensor | None,
+        wanted: list[int],
+        lives: list[_Live],
+        tokens: list[int | None],
+    ) -> dict[int, TokenLogprobs]:
+        """Each wanted row's sampled token log-probability and top alternatives: one gather
+        and one top-k over the wanted rows."""
+        if logprobs is None:
+            return {}
+        picks = torch.tensor([tokens[i] or 0 for i in wanted], device=logprobs.device)
+        chosen = logprobs.gather(1, picks.unsqueeze(1))[:, 0].tolist()
+        k = max(lives[i].req.logprobs or 0 for i in wanted)
+        top_v, top_i = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0])
+        top_vals, top_ids = top_v.tolist(), top_i.tolist()
+        out = {}
+        for j, i in enumerate(wanted):
+            n = lives[i].req.logprobs or 0
+            top = tuple(
+                (int(t), max(v, LOGPROB_FLOOR))
+                for t, v in zip(top_ids[j][:n], top_vals[j][:n], strict=True)
+            )
+            out[i] = TokenLogprobs(max(chosen[j], LOGPROB_FLOOR), top)
+        return out
 
     def _forward(
         self, group: list[Work], logits: dict[str, torch.Tensor], failed: dict[str, str]
