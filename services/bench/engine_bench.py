@@ -50,6 +50,7 @@ class Report:
     placement: str  # device and precision, e.g. "cpu float32", "cuda bfloat16"
     throughput: list[dict[str, Any]] = field(default_factory=list)
     prefix: dict[str, Any] = field(default_factory=dict)
+    features: dict[str, Any] = field(default_factory=dict)
 
 
 def _prompts(
@@ -125,13 +126,14 @@ def hf_generate_batch(
 
 
 def engine_run(
-    model: Any, tok: Any, prompts: list[list[int]], new: int, cfg: EngineConfig
+    model: Any, tok: Any, prompts: list[list[int]], new: int, cfg: EngineConfig, **ask: Any
 ) -> tuple[float, list[float]]:
-    """tokens/s and per-request TTFT (s) with all prompts submitted at once."""
+    """tokens/s and per-request TTFT (s) with all prompts submitted at once; ``ask``: more
+    ``EngineRequest`` fields for every request (e.g. ``logprobs``)."""
     engine = Engine(model, tok, cfg)
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
-        engine.add_request(EngineRequest(f"r{i}", p, max_tokens=new, ignore_eos=True))
+        engine.add_request(EngineRequest(f"r{i}", p, max_tokens=new, ignore_eos=True, **ask))
     first: dict[str, float] = {}
     produced = 0
     while engine.has_work:
@@ -183,6 +185,8 @@ def run(
     rep.throughput = _throughput(model, tok, cfg, ecfg, rng)
     rep.prefix = _prefix_cache(model, tok, cfg, ecfg, rng)
     print(json.dumps(rep.prefix))
+    rep.features = _features(model, tok, cfg, ecfg, rng)
+    print(json.dumps(rep.features))
     print_table(rep)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -252,6 +256,25 @@ def _prefix_cache(
     return out
 
 
+# Rounds of each kind, alternated, for the sampling-feature rows (medians reported).
+FEATURE_ROUNDS = 3
+
+
+def _features(
+    model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig, rng: random.Random
+) -> dict[str, Any]:
+    """Tokens/s of requests asking for log-probabilities (and 5 alternatives) against the
+    same requests plain, at the highest concurrency, in alternating rounds."""
+    n = max(cfg.concurrencies)
+    prompts = _prompts(n, cfg.prompt_len, model.config.vocab_size, rng)
+    plain, logprobs = [], []
+    for _ in range(FEATURE_ROUNDS):
+        plain.append(engine_run(model, tok, prompts, cfg.new_tokens, ecfg)[0])
+        logprobs.append(engine_run(model, tok, prompts, cfg.new_tokens, ecfg, logprobs=5)[0])
+    p, lp = statistics.median(plain), statistics.median(logprobs)
+    return {"concurrency": n, "plain_tok_s": p, "logprobs_tok_s": lp, "logprobs_vs_plain": lp / p}
+
+
 def print_table(rep: Report) -> None:
     def f(v: float | None) -> str:
         return "n/a" if v is None else f"{v:,.0f}"
@@ -277,3 +300,9 @@ def print_table(rep: Report) -> None:
         f"{p['cache_on']['ttft_p50_ms']:.1f} ms cached vs {p['cache_off']['ttft_p50_ms']:.1f} ms uncached "
         f"({100 * p['ttft_ratio_on_vs_off']:.0f}%); {f(p['cache_on']['tok_s'])} vs {f(p['cache_off']['tok_s'])} tok/s"
     )
+    ft = rep.features
+    if ft:
+        print(
+            f"logprobs (5 alternatives) at {ft['concurrency']} streams: {f(ft['logprobs_tok_s'])} "
+            f"vs {f(ft['plain_tok_s'])} tok/s plain ({ft['logprobs_vs_plain']:.2f}x)"
+        )
