@@ -97,6 +97,13 @@ class SamplingParams(Wire):
         description="EOS and stop_token_ids cannot end the request before this many tokens "
         "(stop strings still can)",
     )
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        description="report each token's log-probability and this many most likely "
+        "alternatives (None: no log-probabilities)",
+    )
 
     @model_validator(mode="after")
     def _min_within_max(self) -> SamplingParams:
@@ -178,6 +185,22 @@ class ErrorInfo(Wire):
     message: str = Field(max_length=4096)
 
 
+class TopLogprob(Wire):
+    """One of the most likely tokens at a position, with its log-probability."""
+
+    token_id: int = Field(ge=0)
+    logprob: float
+
+
+class TokenLogprob(Wire):
+    """A generated token's log-probability under the model (before sampling filters) and
+    the most likely alternatives at its position, best first."""
+
+    token_id: int = Field(ge=0)
+    logprob: float
+    top: list[TopLogprob] = Field(default_factory=list, max_length=20)
+
+
 class TokenEvent(Wire):
     """One event on a request's stream. ``seq`` is contiguous from 0; the last event of a
     stream carries ``finish_reason`` (and ``usage``), or ``error``."""
@@ -189,6 +212,12 @@ class TokenEvent(Wire):
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     error: ErrorInfo | None = None
+    logprobs: list[TokenLogprob] | None = Field(
+        None, description="one per token id, when the request asked for them"
+    )
+    text_offset: int | None = Field(
+        None, ge=0, description="with logprobs: characters of the completion before this text"
+    )
 
     @property
     def final(self) -> bool:
