@@ -160,6 +160,16 @@ UNSUPPORTED = {
     "echo": True,
     "best_of": 2,
     "suffix": "x",
+    "repetition_penalty": 1.1,
+    "min_p": 0.1,
+    "include_stop_str_in_output": True,
+    "parallel_tool_calls": False,
+    "functions": [{"name": "f"}],
+    "function_call": "auto",
+    "service_tier": "auto",
+    "prediction": {"type": "content", "content": "x"},
+    "modalities": ["text"],
+    "reasoning_effort": "low",
 }
 
 
