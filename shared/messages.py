@@ -97,6 +97,22 @@ class SamplingParams(Wire):
         description="EOS and stop_token_ids cannot end the request before this many tokens "
         "(stop strings still can)",
     )
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="subtracted from each token already generated"
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="subtracted per occurrence in the output so far"
+    )
+    repetition_penalty: float | None = Field(
+        None,
+        gt=0.0,
+        le=10.0,
+        description=MODEL_DEFAULT + "1.0; tokens of the prompt and output: positive logits "
+        "divided by it, negative multiplied (as Hugging Face)",
+    )
+    logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100, le=100)]] = Field(
+        default_factory=dict, max_length=300, description="token id: added to its logit"
+    )
     logprobs: int | None = Field(
         None,
         ge=0,

@@ -45,18 +45,20 @@ def _rope_parameters(config: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
 
 # Sampling defaults a generation_config.json may state that the engine does not implement
 # (at their neutral value they change nothing): the worker says so at start.
-UNAPPLIED_DEFAULTS = ("repetition_penalty", "min_p", "typical_p", "no_repeat_ngram_size")
+UNAPPLIED_DEFAULTS = ("min_p", "typical_p", "no_repeat_ngram_size")
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingDefaults:
     """What a request that leaves a sampling field out gets: the value the model's
-    ``generation_config.json`` states, else the OpenAI default (as vLLM does; ``do_sample``
-    is not read: a client that wants greedy asks for temperature 0)."""
+    ``generation_config.json`` states (temperature, top_p, top_k, repetition_penalty), else
+    the OpenAI default (as vLLM does; ``do_sample`` is not read: a client that wants greedy
+    asks for temperature 0)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    repetition_penalty: float = 1.0
     unapplied: tuple[str, ...] = ()  # defaults the file states that no request gets
 
     @classmethod
@@ -70,6 +72,7 @@ class SamplingDefaults:
             temperature=float(stated.get("temperature", base.temperature)),
             top_p=float(stated.get("top_p", base.top_p)),
             top_k=int(stated.get("top_k", base.top_k)),
+            repetition_penalty=float(stated.get("repetition_penalty", base.repetition_penalty)),
             unapplied=tuple(k for k in UNAPPLIED_DEFAULTS if stated.get(k) not in (None, 1.0, 0.0)),
         )
 
@@ -81,3 +84,6 @@ class SamplingDefaults:
             self.top_p if top_p is None else top_p,
             self.top_k if top_k is None else top_k,
         )
+
+    def repetition(self, asked: float | None) -> float:
+        return self.repetition_penalty if asked is None else asked

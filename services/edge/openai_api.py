@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shared.messages import (
     MAX_STOP_STRINGS,
@@ -76,6 +76,14 @@ class _Common(Strict):
         description="vLLM extension: EOS and stop_token_ids cannot end the completion "
         "before this many tokens",
     )
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(
+        None, gt=0.0, le=10.0, description="vLLM extension (Hugging Face's definition)"
+    )
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] = Field(
+        default_factory=dict, max_length=300, description="token id (as a string): bias"
+    )
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list,
         max_length=64,
@@ -102,6 +110,16 @@ class _Common(Strict):
     def requested_logprobs(self) -> int | None:
         """How many alternatives to report with each token's log-probability; None: none."""
         return None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, bias: dict[str, float]) -> dict[str, float]:
+        if not all(k.isdigit() for k in bias):
+            raise ValueError("logit_bias keys must be token ids (as strings of digits)")
+        return bias
+
+    def token_biases(self) -> dict[int, float]:
+        return {int(k): v for k, v in self.logit_bias.items()}
 
     def request_input(self) -> dict[str, Any]:
         """The prompt or the messages, as GenerateRequest fields."""
@@ -144,6 +162,10 @@ class _Common(Strict):
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
             logprobs=self.requested_logprobs(),
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=self.token_biases(),
         )
 
 

@@ -215,6 +215,10 @@ class Intake:
                 sampling=SamplingConfig(
                     *self.ctx.sampling_defaults.resolve(sp.temperature, sp.top_p, sp.top_k),
                     sp.seed,
+                    presence_penalty=sp.presence_penalty,
+                    frequency_penalty=sp.frequency_penalty,
+                    repetition_penalty=self.ctx.sampling_defaults.repetition(sp.repetition_penalty),
+                    logit_bias=tuple(sp.logit_bias.items()),
                 ),
                 stop=sp.stop,
                 stop_token_ids=sp.stop_token_ids,

@@ -151,16 +151,12 @@ def test_bad_parameters_fail_validation(patch: dict[str, object]) -> None:
 
 # OpenAI request fields this server does not implement: each must be refused, none ignored.
 UNSUPPORTED = {
-    "presence_penalty": 0.5,
-    "frequency_penalty": 0.5,
-    "logit_bias": {"5": 1},
     "response_format": {"type": "json_object"},
     "tools": [{"type": "function", "function": {"name": "f"}}],
     "tool_choice": "auto",
     "echo": True,
     "best_of": 2,
     "suffix": "x",
-    "repetition_penalty": 1.1,
     "min_p": 0.1,
     "include_stop_str_in_output": True,
     "parallel_tool_calls": False,
@@ -316,3 +312,22 @@ def test_request_ids_carry_shape_and_creation_time() -> None:
     assert created_of(rid) == 1_796_000_000
     assert created_of(new_request_id(False, 5)) == 5
     assert abs(created_of("cmpl-zz") - time.time()) < 5  # foreign ids: now
+
+
+def test_penalties_and_biases_map_onto_the_wire() -> None:
+    body = CompletionBody.model_validate(
+        {
+            "model": "m",
+            "prompt": "x",
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "repetition_penalty": 1.2,
+            "logit_bias": {"17": -100, "5": 2.5},
+        }
+    )
+    sp = body.to_request("cmpl-1", "t", 4).sampling
+    assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty) == (0.5, -0.5, 1.2)
+    assert sp.logit_bias == {17: -100.0, 5: 2.5}
+    for bad in ({"logit_bias": {"x": 1}}, {"logit_bias": {"1": 101}}, {"presence_penalty": 2.5}):
+        with pytest.raises(ValidationError):
+            CompletionBody.model_validate({"model": "m", "prompt": "x", **bad})

@@ -334,3 +334,48 @@ def test_logprobs_equal_log_softmax_of_a_plain_forward_pass(lm: tuple[Any, Any])
             top_v, top_i = want[pos].topk(k) if k else (want[pos, :0], want[pos, :0])
             assert [t for t, _ in lp.top] == top_i.tolist(), (rid, pos)
             assert all(abs(v - w) < 1e-4 for (_, v), w in zip(lp.top, top_v.tolist(), strict=True))
+
+
+def test_penalties_and_biases_change_the_picks_as_defined(lm: tuple[Any, Any]) -> None:
+    """Greedy with a repetition penalty equals ``generate(repetition_penalty=...)``;
+    presence and frequency penalties and logit biases equal a plain forward pass with the
+    OpenAI definitions applied step by step; a plain request in the same batch is
+    untouched."""
+    model, tok = lm
+    vocab = model.config.vocab_size
+    rng = random.Random(11)
+    prompt = random_ids(rng, 30, vocab)
+    free = reference(model, prompt, 16)
+    bias = ((free[0], -100.0), (free[5], 3.0))
+    asks = {
+        "rep": SamplingConfig(repetition_penalty=1.3),
+        "openai": SamplingConfig(presence_penalty=1.5, frequency_penalty=0.7, logit_bias=bias),
+        "plain": SamplingConfig(),
+    }
+    engine = Engine(model, tok, EngineConfig(kv_budget_tokens=4096))
+    for rid, cfg in asks.items():
+        engine.add_request(EngineRequest(rid, prompt, 16, cfg, ignore_eos=True))
+    tokens, _ = collect(engine.run_until_idle())
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt], device=model.device),
+            max_new_tokens=16,
+            do_sample=False,
+            repetition_penalty=1.3,
+            eos_token_id=[],
+        )
+    assert tokens["rep"] == out[0, len(prompt) :].tolist() != free
+    assert tokens["plain"] == free
+    # The OpenAI penalties by their definition, one plain forward pass per step.
+    picks: list[int] = []
+    with torch.inference_mode():
+        for _ in range(16):
+            logits = model(torch.tensor([prompt + picks], device=model.device)).logits[0, -1]
+            logits = logits.float().clone()
+            for t in set(picks):
+                logits[t] -= 1.5 + 0.7 * picks.count(t)
+            for t, b in bias:
+                logits[t] += b
+            picks.append(int(logits.argmax()))
+    assert tokens["openai"] == picks != free
+    assert free[0] not in tokens["openai"][:1]  # a -100 bias removes the free first pick

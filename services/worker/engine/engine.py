@@ -16,7 +16,7 @@ import torch
 from services.worker.engine.kv_cache import KVCacheManager
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import SeqState, Status
-from services.worker.engine.sampler import SamplingConfig, make_generator, sample
+from services.worker.engine.sampler import SamplingConfig, adjust, make_generator, sample
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig, StepPlan, Work
 from services.worker.engine.text import TextStream
 
@@ -314,6 +314,14 @@ class Engine:
                 self.stats.prefilled_tokens += w.num_tokens
 
     def _sample(self, logits: torch.Tensor, lives: list[_Live]) -> list[int | None]:
+        configs = [lv.req.sampling for lv in lives]
+        if any(c.adjusts for c in configs):
+            adjust(
+                logits,
+                configs,
+                [lv.seq.prompt_ids for lv in lives],
+                [lv.seq.output_ids for lv in lives],
+            )
         self._hold_stops(logits, lives)
         return sample(logits, [lv.req.sampling for lv in lives], [lv.generator for lv in lives])
 

@@ -23,10 +23,75 @@ class SamplingConfig:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI: minus this for each token already generated
+    frequency_penalty: float = 0.0  # OpenAI: minus this times its count in the output
+    repetition_penalty: float = 1.0  # Hugging Face: tokens of the prompt and output
+    logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI: added to these tokens' logits
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether penalties or biases change this request's logits."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )
+
+
+def adjust(
+    logits: torch.Tensor,
+    configs: list[SamplingConfig],
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+) -> None:
+    """Apply each row's penalties and biases to ``logits`` in place, batched over the rows
+    that have any: token counts by one scatter-add, then elementwise arithmetic (no loop
+    over the vocabulary). Repetition as Hugging Face applies it (over prompt and output;
+    positive logits divided, negative multiplied), then the OpenAI penalties over the
+    output, then the biases."""
+    rows = [i for i, c in enumerate(configs) if c.adjusts]
+    if not rows:
+        return
+    dev, vocab = logits.device, logits.shape[-1]
+    sub = logits[rows].float()
+    out_counts = _counts([outputs[i] for i in rows], vocab, dev)
+    seen = out_counts + _counts([prompts[i] for i in rows], vocab, dev) > 0
+    rep = torch.tensor([configs[i].repetition_penalty for i in rows], device=dev).unsqueeze(1)
+    sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    freq = torch.tensor([configs[i].frequency_penalty for i in rows], device=dev).unsqueeze(1)
+    pres = torch.tensor([configs[i].presence_penalty for i in rows], device=dev).unsqueeze(1)
+    sub = sub - freq * out_counts - pres * (out_counts > 0)
+    # Ids outside the vocabulary (the wire admits any) bias nothing.
+    biases = [(j, t, b) for j, i in enumerate(rows) for t, b in configs[i].logit_bias if t < vocab]
+    if biases:
+        bias_rows, ids, values = (list(x) for x in zip(*biases, strict=True))
+        sub.index_put_(
+            (torch.tensor(bias_rows, device=dev), torch.tensor(ids, device=dev)),
+            torch.tensor(values, device=dev),
+            accumulate=True,
+        )
+    # A penalty at the edge of its range (a repetition penalty of 5e-324) can overflow a
+    # logit: keep every value finite, so the row is still sampled, never failed.
+    big = torch.finfo(logits.dtype).max
+    logits[rows] = sub.clamp(-big, big).to(logits.dtype)
+
+
+def _counts(token_lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """``[rows, vocab]`` occurrences of each token id in each list (ids out of range
+    ignored)."""
+    counts = torch.zeros((len(token_lists), vocab + 1), device=device)
+    longest = max((len(t) for t in token_lists), default=0)
+    if longest:
+        ids = torch.full((len(token_lists), longest), vocab, dtype=torch.long)
+        for r, toks in enumerate(token_lists):
+            ids[r, : len(toks)] = torch.tensor(toks, dtype=torch.long).clamp_(0, vocab)
+        counts.scatter_add_(1, ids.to(device), torch.ones(ids.shape, device=device))
+    return counts[:, :vocab]
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
