@@ -65,9 +65,6 @@ class AttentionLayout:
     def by_type(self) -> bool:
         return len(set(self.windows)) > 1
 
-    def window_of(self, layer_type: str) -> int | None:
-        return self.windows[self.layer_types.index(layer_type)]
-
     @property
     def max_window(self) -> int | None:
         """The longest window of any layer; None when a layer attends to everything."""
