@@ -28,25 +28,32 @@ fi
 
 # --- Python virtual environment ---------------------------------------------------
 PY="${TW_PYTHON:-python3}"
-deps_hash=$("$PY" - <<'PY'
-import hashlib, sys, tomllib
-p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-spec = sorted(p["dependencies"]) + sorted(p["optional-dependencies"]["dev"])
-print(hashlib.sha256(("\n".join(spec) + sys.version).encode()).hexdigest()[:16])
+# FAISS: the GPU build where a CUDA driver answers, the CPU build elsewhere (TW_FAISS overrides).
+if [ -z "${TW_FAISS:-}" ]; then
+  if nvidia-smi >/dev/null 2>&1; then TW_FAISS=gpu; else TW_FAISS=cpu; fi
+fi
+export TW_FAISS
+requirements() {  # $1: "deps" (installed with their dependencies) or "no-deps"
+  "$PY" - "$1" <<'PY'
+import os, sys, tomllib
+t = tomllib.load(open("pyproject.toml", "rb"))
+p, extras = t["project"], t["project"]["optional-dependencies"]
+if sys.argv[1] == "deps":
+    print("\n".join(p["dependencies"] + extras["dev"] + extras[os.environ["TW_FAISS"]]))
+else:
+    print("\n".join(t["tool"]["tokenwire"]["no-deps"]))
 PY
-)
+}
+deps_hash=$( { requirements deps | sort; echo --no-deps; requirements no-deps | sort; "$PY" -V; } \
+  | sha256sum | cut -c1-16)
 VENV="$TOKENWIRE_CACHE/venv-$deps_hash"
 if [ ! -f "$VENV/.complete" ]; then
   log "building virtual environment $VENV (first run only: torch is large)"
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip setuptools
-  "$VENV/bin/pip" install -q -r <("$PY" - <<'PY'
-import tomllib
-p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))
-PY
-)
+  "$VENV/bin/pip" install -q -r <(requirements deps)
+  "$VENV/bin/pip" install -q --no-deps -r <(requirements no-deps)
   touch "$VENV/.complete"
   # Environments of older dependency lists are ~6 GB each: keep only the current one.
   find "$TOKENWIRE_CACHE" -maxdepth 1 -name 'venv-*' ! -path "$VENV" -exec rm -rf {} + || true
