@@ -10,7 +10,7 @@ import hashlib
 import time
 import uuid
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -66,11 +66,44 @@ class FinishReason(StrEnum):
     ERROR = "error"
 
 
-class ChatMessage(Wire):
-    """One message of a conversation."""
+class ToolCallFunction(Wire):
+    """The function an assistant message called: its name and arguments (a JSON text)."""
 
-    role: Literal["system", "user", "assistant"]
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field(max_length=1_000_000)
+
+
+class ToolCall(Wire):
+    """A call an assistant message made, as OpenAI's ``tool_calls`` entries."""
+
+    id: str = Field(min_length=1, max_length=128)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(Wire):
+    """One message of a conversation. A ``tool`` message answers the assistant's call
+    ``tool_call_id``; an assistant message may carry the ``tool_calls`` it made."""
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str = Field(max_length=1_000_000)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=128)
+    tool_call_id: str | None = Field(None, max_length=128)
+
+
+class Structure(Wire):
+    """A grammar the output must follow (constrained decoding): any JSON object, a JSON
+    schema (``spec``: its JSON text), a regular expression or an EBNF grammar (xgrammar's
+    dialect). The output ends only once the grammar is complete."""
+
+    kind: Literal["json_object", "json_schema", "regex", "ebnf"]
+    spec: str = Field("", max_length=1_000_000)
+
+    @model_validator(mode="after")
+    def _spec_given(self) -> Structure:
+        if self.kind != "json_object" and not self.spec:
+            raise ValueError(f"a {self.kind} structure needs a spec")
+        return self
 
 
 MODEL_DEFAULT = "left out: the model's default (its generation_config.json), else "
@@ -120,6 +153,9 @@ class SamplingParams(Wire):
         description="report each token's log-probability and this many most likely "
         "alternatives (None: no log-probabilities)",
     )
+    structure: Structure | None = Field(
+        None, description="constrain the output to a grammar (None: unconstrained)"
+    )
 
     @model_validator(mode="after")
     def _min_within_max(self) -> SamplingParams:
@@ -156,6 +192,11 @@ class GenerateRequest(Wire):
     model: str | None = Field(None, max_length=256)
     prompt: str | None = Field(None, max_length=4_000_000)
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1024)
+    tools: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=128,
+        description="tool definitions (OpenAI's shape) the chat template renders into the prompt",
+    )
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     stream: bool = True
     reply: ReplyTarget = Field(default_factory=ReplyTarget)

@@ -225,6 +225,7 @@ class Intake:
                 ignore_eos=sp.ignore_eos,
                 min_tokens=sp.min_tokens,
                 logprobs=sp.logprobs,
+                structure=(sp.structure.kind, sp.structure.spec) if sp.structure else None,
                 priority=req.priority.rank,
             )
         )

@@ -13,6 +13,12 @@ from typing import Any
 
 import torch
 
+from services.worker.engine.grammar import (
+    Constraint,
+    GrammarCache,
+    GrammarError,
+    apply_constraints,
+)
 from services.worker.engine.kv_cache import KVCacheManager
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import SeqState, Status
@@ -50,6 +56,7 @@ class EngineRequest:
     ignore_eos: bool = False
     min_tokens: int = 0  # EOS and stop token ids cannot end it before this many tokens
     logprobs: int | None = None  # each token's log-probability and this many alternatives
+    structure: tuple[str, str] | None = None  # (kind, spec): a grammar the output follows
     priority: int = 0
 
 
@@ -115,6 +122,7 @@ class _Live:
     text: TextStream
     generator: torch.Generator | None
     stop_ids: frozenset[int] = field(default_factory=frozenset)
+    constraint: Constraint | None = None
 
 
 class Engine:
@@ -148,6 +156,7 @@ class Engine:
         self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
+        self._grammars: GrammarCache | None = None  # built with the first constrained request
         self.stats = EngineStats(
             kv_blocks=num_blocks,
             block_size=config.block_size,
@@ -205,16 +214,29 @@ class Engine:
             # On CUDA an out-of-range id would not raise but poison the device for every
             # later step (a device-side assert); here it is one request's error.
             problem = f"prompt token ids must lie in [0, {self.vocab_size})"
+        stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_ids)
+        constraint = None
+        if problem is None and req.structure is not None:
+            try:
+                constraint = Constraint(self.grammars.get(*req.structure), stop_ids)
+            except GrammarError as exc:
+                problem = f"the output structure does not compile: {exc}"
         if problem:
             return StepOutput(req.request_id, [], "", Status.FINISHED_ERROR, error=problem)
         seq = SeqState(req.request_id, list(req.prompt_ids), req.max_tokens, req.priority)
         gen = None if req.sampling.greedy else make_generator(req.sampling.seed, self.runner.device)
-        stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_ids)
         self._live[req.request_id] = _Live(
-            req, seq, TextStream(self.tokenizer, req.stop), gen, stop_ids
+            req, seq, TextStream(self.tokenizer, req.stop), gen, stop_ids, constraint
         )
         self.scheduler.add(seq)
         return None
+
+    @property
+    def grammars(self) -> GrammarCache:
+        """Compiled grammars of constrained requests, over the model's vocabulary."""
+        if self._grammars is None:
+            self._grammars = GrammarCache.for_tokenizer(self.tokenizer, self.vocab_size)
+        return self._grammars
 
     def _abort(self, request_id: str) -> StepOutput | None:
         live = self._live.pop(request_id, None)
@@ -323,6 +345,9 @@ class Engine:
                 [lv.seq.output_ids for lv in lives],
             )
         self._hold_stops(logits, lives)
+        apply_constraints(
+            logits, [(i, lv.constraint) for i, lv in enumerate(lives) if lv.constraint]
+        )
         return sample(logits, [lv.req.sampling for lv in lives], [lv.generator for lv in lives])
 
     def _hold_stops(self, logits: torch.Tensor, lives: list[_Live]) -> None:
@@ -332,7 +357,9 @@ class Engine:
         rows: list[int] = []
         cols: list[int] = []
         for i, lv in enumerate(lives):
-            if len(lv.seq.output_ids) < lv.req.min_tokens:
+            # A grammar decides when its output may end: holding EOS past its completion
+            # would leave the row nothing to pick.
+            if lv.constraint is None and len(lv.seq.output_ids) < lv.req.min_tokens:
                 ids = [t for t in lv.stop_ids if t < self.vocab_size]
                 rows += [i] * len(ids)
                 cols += ids
@@ -343,6 +370,8 @@ class Engine:
 
     def _emit(self, live: _Live, token: int) -> StepOutput:
         seq = live.seq
+        if live.constraint is not None and not live.constraint.accept(token):
+            return self._fail(live, f"token {token} breaks the output's grammar")
         seq.append_output(token)
         finish = None
         if token in live.stop_ids:
@@ -351,6 +380,8 @@ class Engine:
             text = "" if finish else live.text.push([token])
             if live.text.stopped:
                 finish = Status.FINISHED_STOPPED
+            elif finish is None and live.constraint is not None and live.constraint.terminated:
+                finish = Status.FINISHED_STOPPED  # complete, with no stop token to end it
             elif finish is None and len(seq.output_ids) >= seq.max_tokens:
                 finish = Status.FINISHED_LENGTH
             if finish is None:
