@@ -181,6 +181,32 @@ class ReplyTarget(Wire):
     )
 
 
+class Retrieval(Wire):
+    """Ground the prompt in a knowledge-base index: the batcher embeds the last user
+    message (or the prompt), takes the ``top_k`` nearest passages that fit
+    ``budget_tokens`` and places them after the system prompt. An unknown index, or one
+    built with another embedder, fails the request (error event, dead letter)."""
+
+    index: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    top_k: int = Field(4, ge=1, le=50)
+    budget_tokens: int = Field(
+        1024,
+        ge=0,
+        le=1_000_000,
+        description="most prompt tokens the passages may add; the producer keeps prompt + "
+        "this + max_tokens within the model's context (edges do)",
+    )
+
+
+class Grounding(Wire):
+    """The retrieval a batcher applied to a request: the index version searched and the
+    passages placed in the prompt (best first)."""
+
+    index: str = Field(max_length=64)
+    version: str = Field(max_length=64)
+    passage_ids: list[int] = Field(default_factory=list, max_length=50)
+
+
 class GenerateRequest(Wire):
     """A generation request, as published to the requests topic (keyed by request id)."""
 
@@ -201,6 +227,10 @@ class GenerateRequest(Wire):
     stream: bool = True
     reply: ReplyTarget = Field(default_factory=ReplyTarget)
     deadline: float | None = Field(None, description="unix seconds; past it the request fails")
+    retrieval: Retrieval | None = Field(
+        None, description="passages to retrieve into the prompt (cleared once applied)"
+    )
+    grounding: Grounding | None = Field(None, description="the retrieval applied (batcher)")
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
