@@ -443,6 +443,7 @@ def _add_bench_parser(sub: Subparsers) -> None:
     # Listed here; its options are the edge benchmark's own (main() hands them over).
     bsub.add_parser("edge", help="events/s one edge relays and the latency it adds")
     _add_bench_e2e_parser(bsub)
+    _add_bench_index_parser(bsub)
 
 
 def _add_bulk_parser(sub: Subparsers) -> None:
@@ -486,6 +487,28 @@ def _add_ask_parser(sub: Subparsers) -> None:
     a.set_defaults(fn=cmd_ask)
 
 
+def _add_index_parser(sub: Subparsers) -> None:
+    from services.retrieval.cli import add_parser
+
+    add_parser(sub)
+
+
+def cmd_bench_index(args: argparse.Namespace) -> None:
+    from services.bench.index_bench import run as bench_index
+
+    bench_index(args)
+
+
+def _add_bench_index_parser(bsub: Subparsers) -> None:
+    from services.bench.index_bench import add_options
+
+    bi = bsub.add_parser(
+        "index", help="FAISS query latency and recall@10 by index size; query embedding by batch"
+    )
+    add_options(bi)
+    bi.set_defaults(fn=cmd_bench_index)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -497,6 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bulk_parser(sub)
     _add_ask_parser(sub)
     _add_chaos_parser(sub)
+    _add_index_parser(sub)
     return p
 
 

@@ -1,0 +1,1 @@
+"""``tokenwire index``: build and change the retrieval indexes (``cli.py``)."""
