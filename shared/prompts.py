@@ -9,7 +9,9 @@ from shared.messages import GenerateRequest
 
 def prompt_token_ids(tokenizer: Any, req: GenerateRequest) -> list[int]:
     if req.messages is not None:
-        msgs = [m.model_dump() for m in req.messages]
-        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        msgs = [m.model_dump(exclude_none=True) for m in req.messages]
+        text = tokenizer.apply_chat_template(
+            msgs, tools=req.tools, add_generation_prompt=True, tokenize=False
+        )
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer(req.prompt or "")["input_ids"])

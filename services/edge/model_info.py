@@ -50,21 +50,26 @@ class ModelInfo:
             return estimate_tokens(prompt)
         return len(self.encode_prompt(prompt))
 
-    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
-        """Tokens of the conversation rendered with the model's chat template."""
+    def count_chat(
+        self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None
+    ) -> int:
+        """Tokens of the conversation (and its tools) rendered with the chat template."""
         if self.tokenizer is None or self.chat_template is None:
-            return estimate_tokens("".join(m.content for m in messages)) + 4 * len(messages)
-        return len(self.encode_chat(messages))
+            extra = json.dumps(tools) if tools else ""
+            return estimate_tokens("".join(m.content for m in messages) + extra) + 4 * len(messages)
+        return len(self.encode_chat(messages, tools))
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """A prompt's token ids as the worker computes them (special tokens added)."""
         ids: list[int] = self.tokenizer.encode(prompt).ids
         return ids
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """The token ids of a conversation rendered with the model's chat template."""
-        msgs = [{"role": m.role, "content": m.content} for m in messages]
-        text = self.chat_template.render(messages=msgs, add_generation_prompt=True)
+        msgs = [m.model_dump(exclude_none=True) for m in messages]
+        text = self.chat_template.render(messages=msgs, tools=tools, add_generation_prompt=True)
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
         return ids
 
@@ -95,6 +100,10 @@ class TemplateError(ValueError):
     """The chat template refused the conversation (e.g. an unsupported role)."""
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent)
+
+
 def _chat_template(folder: Path) -> Any:
     source = None
     if (folder / "chat_template.jinja").exists():
@@ -110,4 +119,5 @@ def _chat_template(folder: Path) -> Any:
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = _tojson  # as transformers renders it (not HTML-escaped)
     return env.from_string(source)

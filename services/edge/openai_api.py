@@ -9,10 +9,26 @@ explicit ``null`` means the field's default, as OpenAI allows.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from services.edge.retrieval import RetrievalBody
+from services.edge.structured import (
+    FUNCTION_NAME,
+    call_schema,
+    check_structure,
+    forced_call,
+    text_or_call,
+)
 from shared.messages import (
     MAX_STOP_STRINGS,
     SEED_MAX,
@@ -21,6 +37,9 @@ from shared.messages import (
     Priority,
     ReplyTarget,
     SamplingParams,
+    Structure,
+    ToolCall,
+    ToolCallFunction,
 )
 
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
@@ -46,6 +65,42 @@ class StreamOptions(Strict):
     """OpenAI's ``stream_options``: whether the last streamed chunk carries the usage."""
 
     include_usage: bool = False
+
+
+class TextFormat(Strict):
+    """``response_format: {"type": "text"}``: unconstrained (the default)."""
+
+    type: Literal["text"]
+
+
+class JsonObjectFormat(Strict):
+    """``response_format: {"type": "json_object"}``: any JSON object."""
+
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(Strict):
+    """The ``json_schema`` of a response format. The output always follows the schema
+    (``strict`` false is served strictly too)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = Field(None, max_length=4096)
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(Strict):
+    """``response_format: {"type": "json_schema", "json_schema": {...}}``."""
+
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")
+]
 
 
 class _Common(Strict):
@@ -99,6 +154,29 @@ class _Common(Strict):
         description="tokenwire extension: keep generating when the client disconnects, "
         "so it can resume with GET /v1/requests/{id}/stream (otherwise a disconnect cancels)",
     )
+    cache: Literal["default", "no-store", "no-cache"] = Field(
+        "default",
+        description="tokenwire extension: the response cache; default: answer from it and "
+        "store the answer; no-cache: generate afresh (and store); no-store: store nothing",
+    )
+    retrieval: RetrievalBody | None = Field(
+        None, description="tokenwire extension: ground the prompt in an index's passages"
+    )
+    response_format: ResponseFormat | None = Field(
+        None, description="text, any JSON object, or JSON following a schema (constrained)"
+    )
+
+    @field_validator("response_format")
+    @classmethod
+    def _compiles(cls, fmt: ResponseFormat | None) -> ResponseFormat | None:
+        structure = _format_structure(fmt)
+        if structure is not None:
+            check_structure(structure)
+        return fmt
+
+    def structure(self) -> Structure | None:
+        """The grammar the output follows, if any."""
+        return _format_structure(self.response_format)
 
     @property
     def include_usage(self) -> bool:
@@ -146,6 +224,7 @@ class _Common(Strict):
             sampling=self.sampling(max_tokens),
             stream=self.stream,
             reply=ReplyTarget(unfollowed_grace_s=grace),
+            retrieval=self.retrieval.to_wire() if self.retrieval else None,
             **self.request_input(),
         ).with_seed()
 
@@ -166,7 +245,16 @@ class _Common(Strict):
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,
             logit_bias=self.token_biases(),
+            structure=self.structure(),
         )
+
+
+def _format_structure(fmt: ResponseFormat | None) -> Structure | None:
+    if isinstance(fmt, JsonObjectFormat):
+        return Structure(kind="json_object")
+    if isinstance(fmt, JsonSchemaFormat):
+        return Structure(kind="json_schema", spec=json.dumps(fmt.json_schema.schema_))
+    return None
 
 
 class CompletionBody(_Common):
@@ -194,17 +282,79 @@ class TextPart(Strict):
     text: str
 
 
-class ChatMessageBody(Strict):
-    """One chat message as OpenAI clients send it; ``to_wire`` gives the wire message."""
+class CalledFunction(Strict):
+    """The function of an assistant message's tool call."""
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    name: str = Field(pattern=FUNCTION_NAME)
+    arguments: str = Field(max_length=1_000_000, description="a JSON text")
+
+
+class ToolCallBody(Strict):
+    """A tool call of an assistant message, as the response gave it."""
+
+    id: str = Field(min_length=1, max_length=128)
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class ChatMessageBody(Strict):
+    """One chat message as OpenAI clients send it; ``to_wire`` gives the wire message. A
+    ``tool`` message answers a call (``tool_call_id``); an assistant message may carry
+    the ``tool_calls`` it made (its content may then be null)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] = ""
+    tool_calls: list[ToolCallBody] | None = Field(None, max_length=128)
+    tool_call_id: str | None = Field(None, min_length=1, max_length=128)
+
+    @model_validator(mode="after")
+    def _roles(self) -> ChatMessageBody:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("a tool message needs tool_call_id, and only a tool message has one")
+        return self
 
     def to_wire(self) -> ChatMessage:
         parts = self.content
         text = parts if isinstance(parts, str) else "".join(p.text for p in parts)
         role = "system" if self.role == "developer" else self.role
-        return ChatMessage(role=role, content=text)
+        calls = None
+        if self.tool_calls:
+            calls = [
+                ToolCall(id=c.id, function=ToolCallFunction(**c.function.model_dump()))
+                for c in self.tool_calls
+            ]
+        return ChatMessage(
+            role=role, content=text, tool_calls=calls, tool_call_id=self.tool_call_id
+        )
+
+
+class FunctionDef(Strict):
+    """A function the model may call: its parameters are a JSON schema of the arguments."""
+
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = Field(None, max_length=4096)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(Strict):
+    """One entry of ``tools``."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChosenFunction(Strict):
+    name: str = Field(pattern=FUNCTION_NAME)
+
+
+class NamedToolChoice(Strict):
+    """``tool_choice`` naming the one function to call."""
+
+    type: Literal["function"]
+    function: ChosenFunction
 
 
 class ChatBody(_Common):
@@ -216,6 +366,58 @@ class ChatBody(_Common):
     top_logprobs: int | None = Field(
         None, ge=0, le=20, description="with logprobs: this many alternatives per token"
     )
+    tools: list[ToolDef] | None = Field(None, min_length=1, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="default: auto with tools, none without"
+    )
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_compile(cls, tools: list[ToolDef] | None) -> list[ToolDef] | None:
+        if tools:
+            names = [t.function.name for t in tools]
+            if len(set(names)) != len(names):
+                raise ValueError("tool function names must be unique")
+            check_structure(forced_call(call_schema(_functions(tools))))
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_declared(
+        cls, choice: str | NamedToolChoice | None, info: ValidationInfo
+    ) -> str | NamedToolChoice | None:
+        tools = info.data.get("tools")
+        if choice not in (None, "none") and not tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(choice, NamedToolChoice):
+            if choice.function.name not in {t.function.name for t in tools or ()}:
+                raise ValueError(f"tool_choice names '{choice.function.name}', not a declared tool")
+        return choice
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> ChatBody:
+        if self.calls_tools and _format_structure(self.response_format) is not None:
+            raise ValueError(
+                "response_format cannot be combined with tools unless tool_choice is none"
+            )
+        return self
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the output may be a tool call."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def structure(self) -> Structure | None:
+        if not self.calls_tools or not self.tools:
+            return super().structure()
+        functions = _functions(self.tools)
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            named = [f for f in functions if f[0] == choice.function.name]
+            return forced_call(call_schema(named))
+        if choice == "required":
+            return forced_call(call_schema(functions))
+        return text_or_call(call_schema(functions))
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatBody:
@@ -232,5 +434,15 @@ class ChatBody(_Common):
     def wire_messages(self) -> list[ChatMessage]:
         return [m.to_wire() for m in self.messages]
 
+    def wire_tools(self) -> list[dict[str, Any]] | None:
+        """The tool definitions the chat template renders (OpenAI's shape)."""
+        if not self.tools:
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
     def request_input(self) -> dict[str, Any]:
-        return {"messages": self.wire_messages()}
+        return {"messages": self.wire_messages(), "tools": self.wire_tools()}
+
+
+def _functions(tools: list[ToolDef]) -> list[tuple[str, dict[str, Any]]]:
+    return [(t.function.name, t.function.parameters or {}) for t in tools]

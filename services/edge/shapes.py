@@ -17,6 +17,7 @@ import orjson
 
 from services.edge.relay import Event
 from services.edge.sse import frame
+from services.edge.structured import CALL_HEAD, call_id, split_call
 
 CHAT_PREFIX = "chatcmpl-"
 TEXT_PREFIX = "cmpl-"
@@ -78,7 +79,10 @@ class Shape:
     token_ids: bool = False
     # A token's text, for log-probabilities (events carry ids only).
     token_text: Callable[[int], str] = str
+    # The output may be a tool call (chat with tools): rendered as ``tool_calls``.
+    tools: bool = False
     chat: bool = field(init=False)
+    _call: _CallStream | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.chat = is_chat_id(self.request_id)
@@ -175,7 +179,39 @@ class Shape:
         """One event as an SSE frame whose ``id`` is its seq."""
         if ev.get("error"):
             return frame({"error": error_of(ev)}, ev["seq"])
+        if self.tools and self.chat:
+            return self._tool_sse(ev)
         return b"id: %d\ndata: %s\n\n" % (ev["seq"], self.chunk_json(ev))
+
+    def _tool_sse(self, ev: Event) -> bytes:
+        """An event of a chat that may call a tool. Text not starting with ``{`` streams
+        as content; a call streams as OpenAI streams one: a first ``delta.tool_calls``
+        with the index, id and name, then fragments of the arguments (the closing brace
+        of the call held back until the end), then ``finish_reason: tool_calls``."""
+        if self._call is None and (ev.get("text") or ev.get("finish_reason")):
+            self._call = _CallStream(is_call=ev.get("text", "").startswith("{"))
+        call = self._call
+        if call is None or not call.is_call:
+            return b"id: %d\ndata: %s\n\n" % (ev["seq"], self.chunk_json(ev))
+        chunks = []
+        for delta in call.push(ev.get("text", ""), self.request_id):
+            chunks.append(self._tool_chunk(delta, None))
+        finish = ev.get("finish_reason")
+        if finish is not None:
+            for delta in call.end(finish == "stop"):
+                chunks.append(self._tool_chunk(delta, None))
+            finish = "tool_calls" if finish == "stop" and call.named else finish
+            chunks.append(self._tool_chunk(None, finish))
+        return b"".join(b"id: %d\ndata: %s\n\n" % (ev["seq"], orjson.dumps(c)) for c in chunks)
+
+    def _tool_chunk(self, call: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if call is not None:
+            if "id" in call:
+                delta.update(role="assistant", content=None)
+            delta["tool_calls"] = [call]
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {**self.head("chat.completion.chunk"), "choices": [choice]}
 
     def whole(
         self,
@@ -189,6 +225,16 @@ class Shape:
         ids = self._ids(token_ids or [])
         asked = events is not None and any(ev.get("logprobs") is not None for ev in events)
         logprobs = self.logprobs(events or []) if asked else None
+        call = split_call(text) if self.tools and self.chat else None
+        if call is not None:
+            name, arguments = call
+            fn = {"name": name, "arguments": arguments}
+            calls = [{"id": call_id(self.request_id), "type": "function", "function": fn}]
+            msg = {"role": "assistant", "content": None, "tool_calls": calls}
+            finish = "tool_calls" if finish == "stop" else finish
+            choice = {"index": 0, "message": msg, **ids, "finish_reason": finish}
+            choice["logprobs"] = logprobs
+            return {**self.head("chat.completion"), "choices": [choice], "usage": usage_of(last)}
         if self.chat:
             msg = {"role": "assistant", "content": text}
             choice = {"index": 0, "message": msg, **ids, "finish_reason": finish}
@@ -196,3 +242,38 @@ class Shape:
             return {**self.head("chat.completion"), "choices": [choice], "usage": usage_of(last)}
         choice = {"index": 0, "text": text, **ids, "logprobs": logprobs, "finish_reason": finish}
         return {**self.head("text_completion"), "choices": [choice], "usage": usage_of(last)}
+
+
+@dataclass
+class _CallStream:
+    """A tool call being streamed: the text until its name is known, then the arguments
+    but their last character (the call's closing brace, dropped at the end)."""
+
+    is_call: bool
+    buffer: str = ""
+    named: bool = False
+
+    def push(self, text: str, request_id: str) -> list[dict[str, Any]]:
+        self.buffer += text
+        out = []
+        if not self.named:
+            head = CALL_HEAD.match(self.buffer)
+            if head is None:
+                return []
+            self.named = True
+            self.buffer = self.buffer[head.end() :]
+            fn = {"name": head.group(1), "arguments": ""}
+            out.append({"index": 0, "id": call_id(request_id), "type": "function", "function": fn})
+        if len(self.buffer) > 1:
+            out.append({"index": 0, "function": {"arguments": self.buffer[:-1]}})
+            self.buffer = self.buffer[-1:]
+        return out
+
+    def end(self, complete: bool) -> list[dict[str, Any]]:
+        """What is left: all of it when the call was cut short, without the closing brace
+        when it completed."""
+        rest = self.buffer[:-1] if complete and self.buffer.endswith("}") else self.buffer
+        self.buffer = ""
+        if not self.named or not rest:
+            return []
+        return [{"index": 0, "function": {"arguments": rest}}]

@@ -78,6 +78,7 @@ def ensure_model(
     final = cache_dir / name
     if not force and is_ready(final):
         log(f"[model] {spec.name}: using {final}")
+        refresh_chat_template(final)
         return final
     cache_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(cache_dir / f".{name}.lock"):
@@ -95,6 +96,21 @@ def ensure_model(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return final
+
+
+def refresh_chat_template(folder: Path) -> None:
+    """Give a finished build the current chat template. Training sees only the plain
+    conversations ``render_chat`` writes, which the template renders unchanged, so a
+    template that grew (tools, tool results) applies to existing builds without
+    retraining them. Written atomically: readers see the old file or the new one."""
+    from services.model.chat import CHAT_TEMPLATE
+
+    path = folder / "chat_template.jinja"
+    if not path.is_file() or path.read_text(encoding="utf-8") == CHAT_TEMPLATE:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(CHAT_TEMPLATE, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,18 @@ ROLE_MARKERS: dict[str, str] = {
 
 # Each marker is a string literal in the template (not built as '<|' + role + '|>') so that
 # transformers' `sanitize_control_tokens=True` can recognise them as the control tokens.
+# Tools (OpenAI's ``tools``) render as a system block listing each function's definition;
+# a call is answered as the compact JSON the edge constrains calls to, and a tool's result
+# is a system message. Conversations without tools render as before (the corpus's format).
 CHAT_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{ '<|system|>\n' }}"
+    "{{ 'You may call these functions. To call one, answer only with '"
+    ' ~ \'{"name": <function name>, "arguments": <arguments object>}.\n\' }}'
+    "{%- for tool in tools -%}"
+    "{{ (tool['function'] if tool['function'] is defined else tool) | tojson ~ '\n' }}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'system' or message['role'] == 'developer' -%}"
     "{{ '<|system|>\n' }}"
@@ -33,10 +44,17 @@ CHAT_TEMPLATE = (
     "{{ '<|user|>\n' }}"
     "{%- elif message['role'] == 'assistant' -%}"
     "{{ '<|assistant|>\n' }}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{{ '<|system|>\n' }}{{ 'Result of ' ~ message['tool_call_id'] ~ ': ' }}"
     "{%- else -%}"
     "{{ raise_exception('unsupported chat role: ' ~ message['role']) }}"
     "{%- endif -%}"
-    "{{ message['content'] ~ '\n' }}"
+    "{{ (message['content'] or '') }}"
+    "{%- for call in (message['tool_calls'] or []) -%}"
+    "{{ '{\"name\": \"' ~ call['function']['name'] ~ '\", \"arguments\": '"
+    " ~ call['function']['arguments'] ~ '}' }}"
+    "{%- endfor -%}"
+    "{{ '\n' }}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{ '<|assistant|>\n' }}"

@@ -546,7 +546,7 @@ async def _poll_status(
         ({"presence_penalty": 3}, None),
         ({"logit_bias": {"x": 1}}, None),
         ({"logprobs": 6}, None),
-        ({"response_format": {"type": "json_object"}}, "unsupported_parameter"),
+        ({"suffix": "x"}, "unsupported_parameter"),
         ({"stop": 5}, None),
     ],
 )

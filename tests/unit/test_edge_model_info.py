@@ -7,8 +7,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from services.edge.model_info import ModelInfo, TemplateError
-from shared.messages import ChatMessage
+from shared.messages import ChatMessage, GenerateRequest, ToolCall, ToolCallFunction
 from shared.model_config import served_context
+from shared.prompts import prompt_token_ids
 
 PROMPTS = ["", "The function returns", "héllo wörld <|user|> x\n\n  y", "a" * 3000]
 CHATS = [
@@ -35,9 +36,36 @@ def test_counts_match_the_worker_tokenizer(model_dir: str) -> None:
         assert info.count_chat(msgs) == len(tok(text, add_special_tokens=False)["input_ids"])
 
 
+def test_counts_with_tools_match_the_worker(model_dir: str) -> None:
+    info = ModelInfo.load(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "description": "<a> & 'b' é",
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+            },
+        }
+    ]
+    call = ToolCall(id="c1", function=ToolCallFunction(name="f", arguments='{"x": "<y>"}'))
+    msgs = [
+        ChatMessage(role="user", content="hi"),
+        ChatMessage(role="assistant", content="", tool_calls=[call]),
+        ChatMessage(role="tool", content="done", tool_call_id="c1"),
+    ]
+    req = GenerateRequest(messages=msgs, tools=tools)
+    ids = prompt_token_ids(tok, req)
+    assert info.encode_chat(msgs, tools) == ids
+    text = tok.decode(ids)
+    assert '"description": "<a> & \'b\' é"' in text and "Result of c1: done" in text
+    assert '{"name": "f", "arguments": {"x": "<y>"}}' in text
+
+
 def test_template_errors_are_typed(model_dir: str) -> None:
     info = ModelInfo.load(model_dir)
-    bad = ChatMessage.model_construct(role="tool", content="x")  # type: ignore[arg-type]
+    bad = ChatMessage.model_construct(role="robot", content="x")  # type: ignore[arg-type]
     with pytest.raises(TemplateError, match="unsupported chat role"):
         info.count_chat([bad])
 

@@ -152,3 +152,24 @@ def test_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
 def test_unknown_preset(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match="unknown model preset"):
         ensure_model("huge", tmp_path)
+
+
+def test_an_existing_build_gets_the_current_chat_template(tmp_path: Path) -> None:
+    from services.model.chat import CHAT_TEMPLATE
+
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    model_build.refresh_chat_template(tmp_path)
+    assert (tmp_path / "chat_template.jinja").read_text() == CHAT_TEMPLATE
+    assert [p.name for p in tmp_path.iterdir()] == ["chat_template.jinja"]
+    model_build.refresh_chat_template(tmp_path / "missing")  # no folder: nothing to do
+
+
+def test_the_template_renders_tools_and_plain_chats_as_the_corpus(tokenizer: Any) -> None:
+    messages = [{"role": "user", "content": "x"}]
+    plain = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert plain == render_chat(messages, add_generation_prompt=True)
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    assert text.endswith(plain) and '{"name": "get_weather"}' in text

@@ -1,0 +1,206 @@
+"""Structured output through the real stack with the official client: json_object and a
+strict json_schema (chat and completions, streamed and not), tools with each tool_choice
+(the call parses into the declared function's arguments), and the 400s for a schema that
+does not compile and a tool_choice naming an undeclared function."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema_rs
+import openai
+import pytest
+
+from tests.integration.harness import Stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+MODEL = "tokenwire-tiny"
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+    },
+    "required": ["name", "age", "tags"],
+}
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+}
+TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "add two numbers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                "required": ["a"],
+            },
+        },
+    },
+]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def client(stack: Stack) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=stack.url("edge") + "/v1", api_key="x", max_retries=0)
+
+
+async def test_json_schema_strict_and_json_object(stack: Stack) -> None:
+    api = client(stack)
+    fmt: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+    }
+    chat = await api.chat.completions.create(
+        model=MODEL, messages=ASK, response_format=fmt, temperature=0, max_tokens=120
+    )
+    assert chat.choices[0].finish_reason == "stop"
+    jsonschema_rs.validate(PERSON, json.loads(chat.choices[0].message.content or ""))
+
+    parts = []
+    stream = await api.chat.completions.create(
+        model=MODEL, messages=ASK, response_format=fmt, temperature=0, max_tokens=120, stream=True
+    )
+    async for chunk in stream:
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+    assert "".join(parts) == chat.choices[0].message.content
+
+    text = await api.completions.create(
+        model=MODEL,
+        prompt="A person as JSON:",
+        max_tokens=120,
+        temperature=0,
+        extra_body={"response_format": fmt},
+    )
+    jsonschema_rs.validate(PERSON, json.loads(text.choices[0].text))
+
+    obj = await api.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        response_format={"type": "json_object"},
+        temperature=1.0,
+        seed=3,
+        max_tokens=64,
+    )
+    content = obj.choices[0].message.content or ""
+    assert content.startswith("{")
+    if obj.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(content), dict)
+    short = await api.chat.completions.create(
+        model=MODEL, messages=ASK, response_format=fmt, temperature=0, max_tokens=3
+    )
+    assert short.choices[0].finish_reason == "length"
+
+
+async def _streamed_call(api: openai.AsyncOpenAI, **kw: Any) -> tuple[str, str, str, str]:
+    """(id, name, arguments, finish_reason) assembled from a streamed tool call."""
+    call_id = name = finish = ""
+    arguments = []
+    stream = await api.chat.completions.create(model=MODEL, messages=ASK, stream=True, **kw)
+    async for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        for tc in choice.delta.tool_calls or ():
+            assert tc.index == 0
+            call_id = tc.id or call_id
+            if tc.function and tc.function.name:
+                name = tc.function.name
+            if tc.function and tc.function.arguments:
+                arguments.append(tc.function.arguments)
+        finish = choice.finish_reason or finish
+    return call_id, name, "".join(arguments), finish
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+async def test_forced_tool_calls_parse_into_the_declared_arguments(
+    stack: Stack, choice: Any
+) -> None:
+    api = client(stack)
+    kw: Any = {"tools": TOOLS, "tool_choice": choice, "temperature": 0, "max_tokens": 80}
+    whole = await api.chat.completions.create(model=MODEL, messages=ASK, **kw)
+    first = whole.choices[0]
+    assert first.finish_reason == "tool_calls"
+    assert first.message.content is None
+    [call] = first.message.tool_calls or []
+    assert call.type == "function" and call.id.startswith("call_")
+    fn = call.function
+    if isinstance(choice, dict):
+        assert fn.name == "add"
+    jsonschema_rs.validate(PARAMS[fn.name], json.loads(fn.arguments))
+    streamed_id, *streamed = await _streamed_call(api, **kw)
+    assert streamed_id.startswith("call_") and streamed_id != call.id  # one per request
+    assert streamed == [fn.name, fn.arguments, "tool_calls"]
+
+
+async def test_auto_and_none_and_a_conversation_with_tool_results(stack: Stack) -> None:
+    api = client(stack)
+    history: list[Any] = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
+    for choice in ("auto", "none"):
+        kw: Any = {"tools": TOOLS, "tool_choice": choice, "temperature": 0, "max_tokens": 40}
+        out = await api.chat.completions.create(model=MODEL, messages=history, **kw)
+        first = out.choices[0]
+        if first.message.tool_calls:  # auto chose a call: it must be a declared one
+            assert choice == "auto" and first.finish_reason == "tool_calls"
+            fn = first.message.tool_calls[0].function
+            jsonschema_rs.validate(PARAMS[fn.name], json.loads(fn.arguments))
+        else:
+            assert first.finish_reason in ("stop", "length")
+            assert not (first.message.content or "").startswith("{") or choice == "none"
+        # The tool definitions and the call's result are in the prompt.
+        plain = await api.chat.completions.create(
+            model=MODEL, messages=ASK, temperature=0, max_tokens=1
+        )
+        assert out.usage and plain.usage
+        assert out.usage.prompt_tokens > plain.usage.prompt_tokens + 40
+
+
+async def test_bad_structures_are_400(stack: Stack) -> None:
+    api = client(stack)
+    bad_schema: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "frob"}},
+    }
+    with pytest.raises(openai.BadRequestError) as err:
+        await api.chat.completions.create(model=MODEL, messages=ASK, response_format=bad_schema)
+    assert err.value.body["param"] == "response_format"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as err:
+        await api.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "launch"}},
+        )
+    assert err.value.body["param"] == "tool_choice"  # type: ignore[index]
+    assert "launch" in err.value.body["message"]  # type: ignore[index]
+    bad_tool: Any = [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        await api.chat.completions.create(model=MODEL, messages=ASK, tools=bad_tool)
+    assert err.value.body["param"] == "tools"  # type: ignore[index]
