@@ -75,6 +75,10 @@ class Names:
         """Key holding the tenant that submitted a request (resume/cancel are tenant-scoped)."""
         return f"{self.prefix}:owner:{request_id}"
 
+    def batch_api(self, *parts: str) -> str:
+        """A key of the Batch API's files and batches (``services/edge/batch_store.py``)."""
+        return ":".join((self.prefix, "bapi", *parts))
+
     @property
     def api_keys(self) -> str:
         """Hash: sha256 hex of an API key → tenant."""

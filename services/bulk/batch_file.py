@@ -43,8 +43,11 @@ class BadLine:
     message: str
 
 
-def parse_line(line: bytes, lineno: int, tenant: str, reply_topic: str) -> Job | BadLine:
-    """One input line as a bulk-priority request, or why it cannot be one."""
+def parse_line(
+    line: bytes, lineno: int, tenant: str, reply_topic: str, *, request_id: str | None = None
+) -> Job | BadLine:
+    """One input line as a bulk-priority request, or why it cannot be one. ``request_id``
+    names the request (a fresh ``bulk-`` id by default)."""
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
@@ -63,7 +66,9 @@ def parse_line(line: bytes, lineno: int, tenant: str, reply_topic: str) -> Job |
     try:
         body = body_model.model_validate(obj.get("body"))
         req = body.to_request(
-            f"bulk-{uuid.uuid4().hex}", tenant, body.requested_max_tokens() or DEFAULT_MAX_TOKENS
+            request_id or f"bulk-{uuid.uuid4().hex}",
+            tenant,
+            body.requested_max_tokens() or DEFAULT_MAX_TOKENS,
         )
     except (ValidationError, ValueError) as exc:
         return BadLine(custom_id, "invalid_request", _first_error(exc))
@@ -83,7 +88,24 @@ def result_line(job: Job, c: Completion) -> bytes:
     """The output line for a finished request."""
     if c.error is not None:
         return error_line(job.custom_id, c.error.code, c.error.message, c.request_id)
-    chat = job.url.endswith("chat/completions")
+    response = {
+        "status_code": 200,
+        "request_id": c.request_id,
+        "body": response_body(job.url, job.request.model, c),
+    }
+    return orjson.dumps(
+        {
+            "id": f"batch_req_{c.request_id}",
+            "custom_id": job.custom_id,
+            "response": response,
+            "error": None,
+        }
+    )
+
+
+def response_body(url: str, model: str | None, c: Completion) -> dict[str, Any]:
+    """The body the HTTP endpoint ``url`` would have answered for a finished request."""
+    chat = url.endswith("chat/completions")
     finish = c.finish_reason.value
     if chat:
         choice: dict[str, Any] = {
@@ -100,23 +122,14 @@ def result_line(job: Job, c: Completion) -> bytes:
             "completion_tokens": c.usage.completion_tokens,
             "total_tokens": c.usage.total_tokens,
         }
-    body = {
+    return {
         "id": ("chatcmpl-" if chat else "cmpl-") + c.request_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(c.created_at),
-        "model": job.request.model,
+        "model": model,
         "choices": [choice],
         "usage": usage,
     }
-    response = {"status_code": 200, "request_id": c.request_id, "body": body}
-    return orjson.dumps(
-        {
-            "id": f"batch_req_{c.request_id}",
-            "custom_id": job.custom_id,
-            "response": response,
-            "error": None,
-        }
-    )
 
 
 def error_line(custom_id: str, code: str, message: str, request_id: str | None = None) -> bytes:

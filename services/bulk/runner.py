@@ -21,6 +21,11 @@ from services.bulk.batch_file import BadLine, Job, done_ids, error_line, parse_l
 from shared.producer import Producer
 from shared.settings import CommonSettings
 
+# Requests outstanding at once: enough to keep the workers' bulk slots full, few enough
+# that the batchers' queues (and the edges' admission, which sheds above a queue limit)
+# never fill with one job's lines.
+MAX_IN_FLIGHT = 256
+
 
 @dataclass
 class BulkStats:
@@ -46,7 +51,7 @@ async def submit_file(
     out: Path,
     *,
     tenant: str = "bulk",
-    max_in_flight: int = 256,
+    max_in_flight: int = MAX_IN_FLIGHT,
     progress: bool = True,
 ) -> BulkStats:
     stats = BulkStats(total=sum(1 for _ in _lines(src)))

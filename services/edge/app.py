@@ -18,11 +18,12 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 
+from services.edge.batch_runner import BatchRunner
 from services.edge.config import EdgeSettings
 from services.edge.errors import ApiError, bad_request
 from services.edge.metrics import EdgeMetrics
 from services.edge.middleware import BodyLimit, CountRequests
-from services.edge.routes import generate, ops, requests, tokens, ws
+from services.edge.routes import batches, files, generate, ops, requests, tokens, ws
 from services.edge.routes.ops import STATIC
 from services.edge.state import EdgeState
 
@@ -38,13 +39,17 @@ def create_app(settings: EdgeSettings) -> FastAPI:
         state = EdgeState.build(settings, metrics)
         await state.start()
         app.state.edge = state
+        runner = BatchRunner(state)
+        await runner.start()
+        app.state.batches = runner
         try:
             yield
         finally:
+            await runner.stop()
             await state.stop()
 
     app = FastAPI(title="tokenwire edge", version="0.2.0", lifespan=lifespan)
-    for module in (generate, requests, tokens, ws, ops):
+    for module in (generate, requests, tokens, files, batches, ws, ops):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _add_error_handlers(app)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from redis.asyncio.client import Pipeline
+
 from services.edge.relay import Event
 from services.edge.state import EdgeState
 from shared import token_stream
@@ -50,10 +52,7 @@ async def _cancel(st: EdgeState, request_id: str, tenant: str) -> Event | None:
             return stream.final_event
         while loop.time() < deadline:
             pipe = st.redis.pipeline(transaction=False)
-            # The marker stops a worker that picks the request up later; the broadcast
-            # stops the one holding it now.
-            pipe.set(st.names.cancelled(request_id), b"1", ex=st.settings.owner_ttl_s)
-            pipe.publish(st.names.cancel_channel, msg)
+            queue_cancel(st, pipe, request_id, msg)
             await pipe.execute()
             resend_at = min(deadline, loop.time() + RESEND_S)
             while (left := resend_at - loop.time()) > 0:
@@ -61,6 +60,14 @@ async def _cancel(st: EdgeState, request_id: str, tenant: str) -> Event | None:
                 if stream.final_event is not None:
                     return stream.final_event
     return None
+
+
+def queue_cancel(st: EdgeState, pipe: Pipeline, request_id: str, msg: bytes) -> None:
+    """Queue on ``pipe`` the two commands that cancel a request on every worker (``msg``:
+    its encoded ``CancelRequest``). The marker stops a worker that picks the request up
+    later; the broadcast stops the one holding it now."""
+    pipe.set(st.names.cancelled(request_id), b"1", ex=st.settings.owner_ttl_s)
+    pipe.publish(st.names.cancel_channel, msg)
 
 
 async def cancel_in_background(st: EdgeState, request_id: str, tenant: str, source: str) -> None:
