@@ -4,6 +4,10 @@
 #   infra/demo.sh [--detach] ["prompt"] | stop
 set -euo pipefail
 export TW_STACK=demo
+# The demo alone serves calls without a key (as tenant "default"), so its commands and the
+# chat page work with no extra step; its development key still selects tenant "dev".
+# Every other deployment requires keys (the edge's default).
+export TW_AUTH="${TW_AUTH:-off}"
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$TW_ROOT"
 

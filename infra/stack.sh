@@ -24,6 +24,10 @@ LOGS="$TW_RUN_DIR/logs"
 SERVICES=(worker batcher edge)
 mkdir -p "$PIDS" "$LOGS"
 export TW_PORT="$TW_EDGE_PORT"
+# The pepper API keys are stored under (HMAC-SHA-256): made once per stack, 0600, in its run
+# folder; `tokenwire keys create` with the same TW_KEY_PEPPER_FILE makes keys this stack's
+# edges accept. Keys are required unless TW_AUTH=off (the demo).
+export TW_KEY_PEPPER_FILE="${TW_KEY_PEPPER_FILE:-$TW_RUN_DIR/key-pepper}"
 
 # Seconds with up to 3 decimals, as whole milliseconds (bash has integers only).
 to_ms() {
@@ -231,6 +235,7 @@ case "${1:-}" in
   up)
     TW_MODEL_DIR="${TW_MODEL_DIR:-$(model_dir)}"
     export TW_MODEL_DIR
+    "$TW" keys pepper --file "$TW_KEY_PEPPER_FILE" >/dev/null
     infra/kafka.sh start
     infra/redis.sh start
     "$TW" topics create
@@ -242,7 +247,7 @@ case "${1:-}" in
     done
     wait_ready "${counts[@]}"
     echo "tokenwire ($TW_STACK) is serving at http://127.0.0.1:$TW_EDGE_PORT"
-    echo "development API key (tenant dev): $(dev_key)  (send 'Authorization: Bearer <key>'; TW_AUTH=required makes keys mandatory)"
+    echo "development API key (tenant dev): $(dev_key)  (send 'Authorization: Bearer <key>'; keys are ${TW_AUTH:-required}; more: tokenwire keys create --tenant T)"
     ;;
   down)
     for s in edge batcher worker; do stop_supervisor "$s"; done

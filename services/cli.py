@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeAlias
 
+from services.keys import add_keys_parser
 from shared.logs import setup_logging
 from shared.settings import CommonSettings, SettingsError
 
@@ -521,6 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ask_parser(sub)
     _add_chaos_parser(sub)
     _add_index_parser(sub)
+    add_keys_parser(sub)
     return p
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import hiredis
 from redis.connection import parse_url
 
+from shared.redis_client import RedisAccess, as_access
+
 
 class RedisReplyError(Exception):
     """An error reply from Redis."""
@@ -47,20 +49,24 @@ class RespParser:
 
 
 async def connect(
-    redis_url: str, *, name: str, timeout_s: float
+    redis: str | RedisAccess, *, name: str, timeout_s: float
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection to the URL's server, authenticated, named (for ``CLIENT LIST``) and on
-    the URL's database. Raises ``OSError``, ``TimeoutError`` or ``RedisReplyError``."""
-    u = parse_url(redis_url)
-    ssl = u.get("connection_class") is not None and "SSL" in u["connection_class"].__name__
+    """A connection to Redis (a URL, or access with an ACL user and TLS), authenticated,
+    named (for ``CLIENT LIST``) and on the URL's database. Raises ``OSError``,
+    ``TimeoutError`` or ``RedisReplyError``."""
+    access = as_access(redis)
+    u = parse_url(access.url)
     reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(u.get("host", "127.0.0.1"), u.get("port", 6379), ssl=ssl),
+        asyncio.open_connection(
+            u.get("host", "127.0.0.1"), u.get("port", 6379), ssl=access.ssl_context()
+        ),
         timeout_s,
     )
     hello = []
-    if u.get("password"):
-        auth = [u["username"].encode()] if u.get("username") else []
-        hello.append(command(b"AUTH", *auth, u["password"].encode()))
+    user, password = access.login()
+    if password:
+        auth = [user.encode()] if user else []
+        hello.append(command(b"AUTH", *auth, password.encode()))
     # A connection name may not hold spaces or control characters.
     hello.append(command(b"CLIENT", b"SETNAME", re.sub(r"[^!-~]", "_", name).encode()))
     if u.get("db"):
@@ -85,9 +91,14 @@ class RespWriter:
     worker's claims (a claim it already holds reads back as its own)."""
 
     def __init__(
-        self, redis_url: str, *, name: str, timeout_s: float = 5.0, attempts: int = 3
+        self,
+        redis: str | RedisAccess,
+        *,
+        name: str,
+        timeout_s: float = 5.0,
+        attempts: int = 3,
     ) -> None:
-        self._url = redis_url
+        self._url = redis
         self.name = name
         self._timeout = timeout_s
         self._attempts = attempts

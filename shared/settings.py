@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.names import Names
 from shared.prefix_hash import BLOCK_SIZE
+from shared.redis_client import RedisAccess
 
 ENV_PREFIX = "TW_"
 
@@ -59,7 +60,19 @@ class CommonSettings(EnvSettings):
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers (host:port, comma-separated)"
     )
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="the Redis server")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0", description="the Redis server (rediss://: TLS)"
+    )
+    redis_username: str = Field("", description="the service's Redis ACL user (empty: the URL's)")
+    redis_password: str = Field("", description="its password (empty: the file's, or the URL's)")
+    redis_password_file: str = Field("", description="a file holding the Redis password")
+    redis_tls_ca_file: str = Field(
+        "", description="CA certificate(s) that sign Redis's (rediss://; empty: the system's)"
+    )
+    redis_tls_cert_file: str = Field(
+        "", description="a client certificate for Redis (TLS with tls-auth-clients)"
+    )
+    redis_tls_key_file: str = Field("", description="the client certificate's key")
     topic_prefix: str = Field(
         "tw",
         description="namespaces every Kafka topic, consumer group and Redis key, so "
@@ -98,6 +111,11 @@ class CommonSettings(EnvSettings):
             return Path(self.index_dir)
         cache = os.environ.get("TOKENWIRE_CACHE") or Path.home() / ".cache" / "tokenwire"
         return Path(cache) / "indexes"
+
+    @property
+    def redis(self) -> RedisAccess:
+        """How this service reaches Redis: URL, ACL user and password, TLS files."""
+        return RedisAccess.of(self)
 
 
 class FleetSettings(CommonSettings):

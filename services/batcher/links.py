@@ -20,6 +20,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from shared.kafka_io import REFUSED_FOR_GOOD, ridden_out
+from shared.redis_client import RedisAccess, as_access
 from shared.retry import REDIS_DOWN, Dependency, DependencyMetrics
 
 T = TypeVar("T")
@@ -64,9 +65,8 @@ class RedisLink:
     """A Redis client behind a gate: ``call`` runs an operation if Redis may be tried now
     and records the outcome (log lines, gauge, outage counter)."""
 
-    def __init__(self, url: str, metrics: DependencyMetrics) -> None:
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
-            url,
+    def __init__(self, access: str | RedisAccess, metrics: DependencyMetrics) -> None:
+        self.client: aioredis.Redis = as_access(access).client(
             socket_timeout=SOCKET_TIMEOUT_S,
             socket_connect_timeout=CONNECT_TIMEOUT_S,
             retry=Retry(NoBackoff(), 0),

@@ -119,7 +119,7 @@ class BatcherService:
         )
         self.router = Router(settings.routing, settings.affinity_tolerance)
         self.metrics = BatcherMetrics()
-        self.redis = RedisLink(settings.redis_url, self.metrics.dependencies)
+        self.redis = RedisLink(settings.redis, self.metrics.dependencies)
         self.kafka = Gate(Dependency("kafka", log, self.metrics.dependencies))
         # Batching is this service's own job: the producer sends at once (no linger).
         self.producer = RenewingProducer(

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
+from services.edge.auth import hash_key, new_key
 from shared import registry
 from shared.codec import decode
 from shared.kafka_io import ensure_topics
@@ -152,8 +153,13 @@ class Stack:
 
 
 def make_stack(prefix: str, infra: dict[str, str], model_dir: str, log_dir: Path) -> Stack:
+    """A stack whose edges require keys (their default) and know one, ``auth_headers``'s
+    (``TW_BENCH_API_KEY``, made here unless set), as a SHA-256 digest of tenant ``bench``."""
+    key = os.environ.get("TW_BENCH_API_KEY") or new_key()
     env = {
         **os.environ,
+        "TW_BENCH_API_KEY": key,
+        "TW_API_KEYS": f"{hash_key(key)}=bench",
         **infra,
         "TW_TOPIC_PREFIX": prefix,
         "TW_MODEL_DIR": model_dir,

@@ -33,9 +33,18 @@ class EdgeSettings(CommonSettings):
 
     # --- API keys ------------------------------------------------------------------------
     auth: Literal["off", "required"] = Field(
-        "off",
-        description="required: every API call needs a valid key (401 otherwise); off: a "
-        "known key still selects its tenant, any other call runs as tenant 'default'",
+        "required",
+        description="required: every API call needs a valid key (401 otherwise); off (the "
+        "demo only): a known key still selects its tenant, any other call runs as tenant "
+        "'default'",
+    )
+    key_pepper: str = Field(
+        "",
+        description="the deployment's secret pepper: keys are stored as HMAC-SHA-256 of "
+        "the key under it (`tokenwire keys` needs it; keep it out of Redis)",
+    )
+    key_pepper_file: str = Field(
+        "", description="a file holding the pepper, read when TW_KEY_PEPPER is empty"
     )
     api_keys: str = Field(
         "",

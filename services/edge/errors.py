@@ -75,6 +75,11 @@ def unauthorized(message: str) -> ApiError:
     )
 
 
+def forbidden(message: str, *, param: str | None = None) -> ApiError:
+    """The key is valid but its policy does not allow this (OpenAI's 403)."""
+    return ApiError(403, message, kind="permission_error", code="permission_denied", param=param)
+
+
 def rate_limited(
     message: str, retry_after_s: float, *, code: str = "rate_limit_exceeded"
 ) -> ApiError:

@@ -19,6 +19,7 @@ import logging
 from collections import deque
 from typing import Final
 
+from shared.redis_client import RedisAccess
 from shared.resp import RedisReplyError, RespParser, command, connect
 from shared.retry import backoff
 
@@ -74,7 +75,11 @@ class Hub:
     so a reader that subscribes, then reads the log, cannot miss an event."""
 
     def __init__(
-        self, redis_url: str, *, name: str = "tw-edge", subscribe_timeout_s: float = 5.0
+        self,
+        redis_url: str | RedisAccess,
+        *,
+        name: str = "tw-edge",
+        subscribe_timeout_s: float = 5.0,
     ) -> None:
         self.name = name  # the connection's CLIENT name, as CLIENT LIST shows it
         self._url = redis_url

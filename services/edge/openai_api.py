@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from services.edge.retrieval import RetrievalBody
 from services.edge.structured import (
     FUNCTION_NAME,
     call_schema,
@@ -153,6 +154,14 @@ class _Common(Strict):
         description="tokenwire extension: keep generating when the client disconnects, "
         "so it can resume with GET /v1/requests/{id}/stream (otherwise a disconnect cancels)",
     )
+    cache: Literal["default", "no-store", "no-cache"] = Field(
+        "default",
+        description="tokenwire extension: the response cache; default: answer from it and "
+        "store the answer; no-cache: generate afresh (and store); no-store: store nothing",
+    )
+    retrieval: RetrievalBody | None = Field(
+        None, description="tokenwire extension: ground the prompt in an index's passages"
+    )
     response_format: ResponseFormat | None = Field(
         None, description="text, any JSON object, or JSON following a schema (constrained)"
     )
@@ -215,6 +224,7 @@ class _Common(Strict):
             sampling=self.sampling(max_tokens),
             stream=self.stream,
             reply=ReplyTarget(unfollowed_grace_s=grace),
+            retrieval=self.retrieval.to_wire() if self.retrieval else None,
             **self.request_input(),
         ).with_seed()
 

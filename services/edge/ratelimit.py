@@ -61,7 +61,8 @@ class Verdict:
 
 
 class RateLimiter:
-    """Token buckets of ``requests_per_min`` and ``tokens_per_min`` per key."""
+    """Token buckets of ``requests_per_min`` and ``tokens_per_min`` per key: the edge's
+    defaults, or a key's own limits where its policy sets them."""
 
     def __init__(
         self, redis: aioredis.Redis, names: Names, requests_per_min: int, tokens_per_min: int
@@ -71,19 +72,30 @@ class RateLimiter:
         self.tokens_per_min = tokens_per_min
         self._script = redis.register_script(_SCRIPT)
 
-    @property
-    def enabled(self) -> bool:
-        return self.requests_per_min > 0 or self.tokens_per_min > 0
+    def limits(self, requests_per_min: int | None, tokens_per_min: int | None) -> tuple[int, int]:
+        """The (requests, tokens) per minute that apply: a key's own, else the defaults."""
+        return (
+            self.requests_per_min if requests_per_min is None else requests_per_min,
+            self.tokens_per_min if tokens_per_min is None else tokens_per_min,
+        )
 
-    async def take(self, key_id: str, tokens: int) -> Verdict:
+    async def take(
+        self,
+        key_id: str,
+        tokens: int,
+        *,
+        requests_per_min: int | None = None,
+        tokens_per_min: int | None = None,
+    ) -> Verdict:
         """Take one request and ``tokens`` tokens from ``key_id``'s buckets, or neither."""
-        if not self.enabled:
+        rpm, tpm = self.limits(requests_per_min, tokens_per_min)
+        if rpm <= 0 and tpm <= 0:
             return Verdict(True)
         keys = [
             self._names.rate_bucket(key_id, "requests"),
             self._names.rate_bucket(key_id, "tokens"),
         ]
-        args = [self.requests_per_min, 1, self.tokens_per_min, tokens, 120_000]
+        args = [rpm, 1, tpm, tokens, 120_000]
         ok, wait_ms = await self._script(keys=keys, args=args)
         if ok == 1:
             return Verdict(True)

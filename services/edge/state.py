@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from services.edge.auth import KeyStore, parse_key_list
+from services.edge.auth import KeyStore, load_pepper, parse_key_list
 from services.edge.config import EdgeSettings
 from services.edge.health import RedisHealth
 from services.edge.hub import Hub
@@ -35,8 +35,10 @@ def redis_client(settings: EdgeSettings) -> aioredis.Redis:
     reaches: each admission runs three at once), and it retries a dropped connection
     briefly, so a stale pooled connection after a Redis restart is not an error, while
     an outage still surfaces within about a second."""
+    access = settings.redis
     pool = aioredis.BlockingConnectionPool.from_url(
-        settings.redis_url,
+        access.url,
+        **access.kwargs(),
         max_connections=settings.redis_max_connections,
         timeout=settings.redis_timeout_s,
         socket_timeout=settings.redis_timeout_s,
@@ -74,7 +76,7 @@ class EdgeState:
     def build(cls, settings: EdgeSettings, metrics: EdgeMetrics) -> EdgeState:
         redis = redis_client(settings)
         names = settings.names
-        hub = Hub(settings.redis_url, name=f"tw-edge:{names.prefix}:{os.getpid()}")
+        hub = Hub(settings.redis, name=f"tw-edge:{names.prefix}:{os.getpid()}")
         # Each request is sent alone and waited for: lingering would only add latency (the
         # batcher does the batching).
         producer = RenewingProducer(
@@ -94,6 +96,7 @@ class EdgeState:
                 names,
                 parse_key_list(settings.api_keys),
                 required=settings.auth == "required",
+                pepper=load_pepper(settings.key_pepper, settings.key_pepper_file),
             ),
             limiter=RateLimiter(
                 redis, names, settings.rate_requests_per_min, settings.rate_tokens_per_min

@@ -19,7 +19,14 @@ from pydantic import ValidationError
 
 from services.edge.auth import Principal
 from services.edge.cancel import cancel_in_background
-from services.edge.errors import ApiError, bad_request, model_not_found, rate_limited, unavailable
+from services.edge.errors import (
+    ApiError,
+    bad_request,
+    forbidden,
+    model_not_found,
+    rate_limited,
+    unavailable,
+)
 from services.edge.model_info import INLINE_TOKENIZE_CHARS, TemplateError
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
@@ -42,6 +49,7 @@ async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) 
     chat = isinstance(body, ChatBody)
     if body.model != st.settings.model_name:
         raise model_not_found(body.model, st.settings.model_name)
+    _check_policy(who, body)
     prompt_tokens = await _count(st, body)
     if prompt_tokens == 0:
         raise bad_request("the prompt is empty", param="prompt")
@@ -49,13 +57,19 @@ async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) 
     st.health.check()
     _shed(st)
     with st.health.guard("rate limit"):
-        verdict = await st.limiter.take(who.key_id, prompt_tokens + max_tokens)
+        verdict = await st.limiter.take(
+            who.key_id,
+            prompt_tokens + max_tokens,
+            requests_per_min=who.requests_per_min,
+            tokens_per_min=who.tokens_per_min,
+        )
     if not verdict.allowed:
         st.metrics.rejected.labels("rate_limit").inc()
         if verdict.never:
+            _, tpm = st.limiter.limits(who.requests_per_min, who.tokens_per_min)
             raise rate_limited(
                 f"this request needs {prompt_tokens + max_tokens} tokens, more than the "
-                f"{st.limiter.tokens_per_min} tokens per minute this key may use",
+                f"{tpm} tokens per minute this key may use",
                 verdict.retry_after_s,
                 code="request_too_large",
             )
@@ -72,6 +86,20 @@ async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) 
         )
     except ValidationError as exc:
         raise bad_request(f"invalid request: {exc.errors()[0]['msg']}") from None
+
+
+def _check_policy(who: Principal, body: CompletionBody | ChatBody) -> None:
+    """What the caller's key allows: a model outside its list is a 404, as OpenAI answers
+    for a model the key cannot access; a priority it may not use is a 403."""
+    if not who.may_use_model(body.model):
+        raise ApiError(
+            404,
+            f"the model '{body.model}' does not exist or this API key cannot use it",
+            code="model_not_found",
+            param="model",
+        )
+    if not who.may_use_priority(body.priority):
+        raise forbidden(f"this API key may not use priority '{body.priority}'", param="priority")
 
 
 async def submit(st: EdgeState, req: GenerateRequest) -> EventStream:
@@ -155,10 +183,9 @@ async def _count(st: EdgeState, body: CompletionBody | ChatBody) -> int:
         if isinstance(body, ChatBody):
             msgs = body.wire_messages()
             size = sum(len(m.content) for m in msgs)
-            tools = body.wire_tools()
             if size <= INLINE_TOKENIZE_CHARS:
-                return model.count_chat(msgs, tools)
-            return await asyncio.to_thread(model.count_chat, msgs, tools)
+                return model.count_chat(msgs)
+            return await asyncio.to_thread(model.count_chat, msgs)
         text = body.prompt_text()
         if len(text) <= INLINE_TOKENIZE_CHARS:
             return model.count_prompt(text)

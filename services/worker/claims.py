@@ -13,6 +13,7 @@ from typing import Any
 
 from shared import token_stream
 from shared.names import Names
+from shared.redis_client import RedisAccess
 from shared.resp import RedisReplyError, RespWriter, command
 from shared.retry import transient_reply
 
@@ -92,7 +93,9 @@ class Claims:
     """This worker's claims, over a raw-RESP connection of their own. Every call raises
     ``ConnectionError`` (or ``OSError``) while Redis is away: callers ride that out."""
 
-    def __init__(self, redis_url: str, names: Names, worker_id: str, claim_ttl_s: float) -> None:
+    def __init__(
+        self, redis_url: str | RedisAccess, names: Names, worker_id: str, claim_ttl_s: float
+    ) -> None:
         self.names = names
         self.me = worker_id.encode()
         self.ttl_ms = b"%d" % int(claim_ttl_s * 1000)

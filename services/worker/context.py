@@ -89,13 +89,13 @@ class WorkerContext:
             metrics=metrics,
             redis_dep=redis_dep,
             kafka_dep=kafka_dep,
-            redis=aioredis.Redis.from_url(settings.redis_url),
+            redis=settings.redis.client(),
             # Token events (nearly all of this worker's Redis traffic) and the claims bypass
             # redis-py, each on a connection of its own.
             publisher=EventPublisher(
-                settings.redis_url, settings.names, name=f"tw-worker-{wid}", redis=redis_dep
+                settings.redis, settings.names, name=f"tw-worker-{wid}", redis=redis_dep
             ),
-            claims=Claims(settings.redis_url, settings.names, wid, settings.claim_ttl_s),
+            claims=Claims(settings.redis, settings.names, wid, settings.claim_ttl_s),
             producer=producer,
             # Completions go to each request's reply topic; these two are always written.
             kafka_probe=KafkaProbe(producer, [names.requests_dlq, names.completions], kafka_dep),

@@ -16,6 +16,7 @@ from services.worker.events import RequestState
 from shared import token_stream
 from shared.messages import TokenEvent
 from shared.names import Names
+from shared.redis_client import RedisAccess
 from shared.resp import RedisReplyError, RespWriter, command
 from shared.retry import REDIS_DOWN, Dependency, transient_reply
 
@@ -25,7 +26,9 @@ log = logging.getLogger(__name__)
 class EventPublisher:
     """Writes token events; ``publish`` returns once Redis has every one of them."""
 
-    def __init__(self, redis_url: str, names: Names, *, name: str, redis: Dependency) -> None:
+    def __init__(
+        self, redis_url: str | RedisAccess, names: Names, *, name: str, redis: Dependency
+    ) -> None:
         self.names = names
         self.redis = redis
         self.conn = RespWriter(redis_url, name=name)

@@ -151,7 +151,8 @@ def test_compose_redis_is_durable_and_never_evicts() -> None:
 
 def test_compose_restarts_every_long_running_service() -> None:
     services = _compose()["services"]
-    one_shot = {"init"}  # creates the topics and exits; the others wait for it to succeed
+    # init creates the topics, pepper the API-key pepper; the others wait for both to succeed
+    one_shot = {"init", "pepper"}
     assert one_shot <= services.keys()
     for name, svc in services.items():
         if name in one_shot:

@@ -1,0 +1,104 @@
+"""How every service reaches Redis: the URL, the ACL user and its password, and TLS.
+
+``RedisAccess`` is built once from a service's settings (``CommonSettings.redis``) and
+makes both kinds of connection the project opens: redis-py clients (``client``,
+``pool_kwargs``) and the raw RESP connections of the hot paths (``shared.resp``). A
+password in the URL still works; ``TW_REDIS_USERNAME`` and ``TW_REDIS_PASSWORD`` (or
+``TW_REDIS_PASSWORD_FILE``) override it. ``rediss://`` turns TLS on, verified against
+``TW_REDIS_TLS_CA_FILE`` (the system's CAs when empty), with a client certificate when
+``TW_REDIS_TLS_CERT_FILE`` and ``TW_REDIS_TLS_KEY_FILE`` are set.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+import redis.asyncio as aioredis
+
+if TYPE_CHECKING:
+    from shared.settings import CommonSettings
+
+
+@dataclass(frozen=True, slots=True)
+class RedisAccess:
+    """Where Redis is and how to log in: the URL plus the credentials and TLS files."""
+
+    url: str
+    username: str = ""
+    password: str = ""
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+    @classmethod
+    def of(cls, settings: CommonSettings) -> RedisAccess:
+        password = settings.redis_password
+        if not password and settings.redis_password_file:
+            password = Path(settings.redis_password_file).read_text().strip()
+        return cls(
+            settings.redis_url,
+            settings.redis_username,
+            password,
+            settings.redis_tls_ca_file,
+            settings.redis_tls_cert_file,
+            settings.redis_tls_key_file,
+        )
+
+    @property
+    def tls(self) -> bool:
+        return urlsplit(self.url).scheme == "rediss"
+
+    def login(self) -> tuple[str | None, str | None]:
+        """(username, password): the settings', else the URL's."""
+        parts = urlsplit(self.url)
+        user = self.username or (unquote(parts.username) if parts.username else None)
+        password = self.password or (unquote(parts.password) if parts.password else None)
+        return user or None, password or None
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for redis-py's ``from_url`` (client or pool)."""
+        user, password = self.login()
+        out: dict[str, Any] = {}
+        if user:
+            out["username"] = user
+        if password:
+            out["password"] = password
+        if self.tls:
+            out["ssl_cert_reqs"] = "required"
+            if self.ca_file:
+                out["ssl_ca_certs"] = self.ca_file
+            if self.cert_file:
+                out["ssl_certfile"] = self.cert_file
+                out["ssl_keyfile"] = self.key_file or None
+        return out
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of a raw connection (None without ``rediss://``)."""
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=self.ca_file or None)
+        if self.cert_file:
+            ctx.load_cert_chain(self.cert_file, self.key_file or None)
+        return ctx
+
+    def client(self, **options: Any) -> aioredis.Redis:
+        """A redis-py client (``options``: timeouts, retry, …)."""
+        return aioredis.Redis.from_url(self.url, **self.kwargs(), **options)
+
+    def __repr__(self) -> str:  # never print the password
+        user, _ = self.login()
+        return f"RedisAccess({urlsplit(self.url).hostname!r}, user={user!r}, tls={self.tls})"
+
+
+def as_access(target: str | RedisAccess) -> RedisAccess:
+    """A bare URL (tests, tools) as access with no other credentials."""
+    return target if isinstance(target, RedisAccess) else RedisAccess(target)
+
+
+def redis_client(settings: CommonSettings, **options: Any) -> aioredis.Redis:
+    """A redis-py client for ``settings``'s Redis, logged in as its user."""
+    return RedisAccess.of(settings).client(**options)
