@@ -220,6 +220,26 @@ def cmd_bulk_submit(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_bulk_api_check(args: argparse.Namespace) -> None:
+    import orjson
+
+    from services.bench.batch_api import run as run_batch
+
+    report = asyncio.run(
+        run_batch(
+            args.url,
+            args.api_key,
+            lines=args.lines,
+            endpoint=args.endpoint,
+            model=args.model,
+            max_tokens=args.max_tokens,
+        )
+    )
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    if report["status"] != "completed" or not report["each_custom_id_once"]:
+        sys.exit(1)
+
+
 def cmd_bench_e2e(args: argparse.Namespace) -> None:
     from services.bench.e2e_bench import QUICK, E2EConfig, run
 
@@ -466,6 +486,20 @@ def _add_bulk_parser(sub: Subparsers) -> None:
     )
     bs.add_argument("--quiet", action="store_true", help="no progress bar")
     bs.set_defaults(fn=cmd_bulk_submit)
+    bc = bulk_sub.add_parser(
+        "api-check",
+        help="send N generated lines through a running edge's Batch API (files, batches) "
+        "and check the output has each custom_id once",
+    )
+    bc.add_argument("--url", default="http://127.0.0.1:8000", help="the edge's base URL")
+    bc.add_argument("--api-key", default="twk-none", help="the key the batch is made with")
+    bc.add_argument("--lines", type=int, default=500, help="requests in the batch (default: 500)")
+    bc.add_argument("--max-tokens", type=int, default=4, help="max_tokens of each request")
+    bc.add_argument("--model", default="tokenwire-tiny", help="the model the lines name")
+    bc.add_argument(
+        "--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"]
+    )
+    bc.set_defaults(fn=cmd_bulk_api_check)
 
 
 def _add_ask_parser(sub: Subparsers) -> None:
