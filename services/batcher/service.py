@@ -35,6 +35,7 @@ from aiokafka.structs import ConsumerRecord
 
 from services.batcher.config import BatcherSettings
 from services.batcher.fair_queue import FairQueue, Queued
+from services.batcher.grounding import Grounder
 from services.batcher.links import (
     Gate,
     RedisAway,
@@ -63,6 +64,7 @@ from shared.messages import Batch, BatcherStatus, GenerateRequest, Priority, Wor
 from shared.metrics import serve_metrics
 from shared.names import Names
 from shared.prefix_hash import AFFINITY_DEPTH, block_hashes
+from shared.retrieval.store import RetrievalError
 from shared.retry import Dependency
 
 log = logging.getLogger(__name__)
@@ -138,6 +140,7 @@ class BatcherService:
             self.producer, [self.names.batches, self.names.requests_dlq], self.kafka
         )
         self.rejects = Rejects(self.producer, self.kafka, self.redis, self.names, self.metrics)
+        self.grounder = Grounder(settings, tokenizer)
         self._request_room = request_room(settings.batcher_id)
         self.queue: FairQueue[Pending] = FairQueue(
             quantum=settings.fair_quantum_tokens, classes=len(Priority)
@@ -390,7 +393,7 @@ class BatcherService:
             # their partitions, so the queue waits for a worker to route to.
             return
         decided = time.time()
-        items = self._take(workers)
+        items = await self._ground(self._take(workers))
         if not items:
             return
         try:
@@ -412,6 +415,27 @@ class BatcherService:
             "dispatch %d of %d queued (room %s)", len(items), len(self.queue) + len(items), room
         )
         return items
+
+    async def _ground(self, items: list[Queued[Pending]]) -> list[Queued[Pending]]:
+        """Requests that ask for retrieval get their passages (one embedding batch for
+        the dispatch); one that cannot be grounded, or outgrows a batch, is rejected."""
+        asking = [q for q in items if q.item.request.retrieval is not None]
+        if not asking:
+            return items
+        results = await self.grounder.ground([q.item.request for q in asking])
+        refused: set[int] = set()
+        for q, res in zip(asking, results, strict=True):
+            if isinstance(res, RetrievalError):
+                rejected = q.item.rejected(res.code, str(res))
+            elif (size := len(encode(res))) > self._request_room:
+                detail = f"{size} bytes with its passages; a batch holds {self._request_room}"
+                rejected = q.item.rejected("too_large", detail)
+            else:
+                q.item.request, q.item.size = res, size
+                continue
+            self.rejects.add([rejected])
+            refused.add(id(q))
+        return [q for q in items if id(q) not in refused]
 
     def _route(
         self, items: list[Queued[Pending]], workers: list[WorkerView], num_parts: int

@@ -18,7 +18,6 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from pydantic import ValidationError
 
 from services.edge.auth import Principal
-from services.edge.cache import publish_hit
 from services.edge.cancel import cancel_in_background
 from services.edge.errors import (
     ApiError,
@@ -31,11 +30,11 @@ from services.edge.errors import (
 from services.edge.model_info import INLINE_TOKENIZE_CHARS, TemplateError
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
+from services.edge.retrieval import admit_retrieval
 from services.edge.shapes import new_request_id
 from services.edge.state import EdgeState
-from shared.cache.keys import CacheMode
 from shared.codec import encode
-from shared.messages import CacheResult, GenerateRequest
+from shared.messages import GenerateRequest
 from shared.retry import REDIS_DOWN
 
 log = logging.getLogger(__name__)
@@ -56,6 +55,14 @@ async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) 
     if prompt_tokens == 0:
         raise bad_request("the prompt is empty", param="prompt")
     max_tokens = _max_tokens(st, body, prompt_tokens, chat)
+    max_tokens = await admit_retrieval(
+        st.settings,
+        body.retrieval,
+        st.model.context,
+        prompt_tokens,
+        max_tokens,
+        body.requested_max_tokens() is not None,
+    )
     st.health.check()
     _shed(st)
     with st.health.guard("rate limit"):
@@ -126,37 +133,6 @@ async def submit(st: EdgeState, req: GenerateRequest) -> EventStream:
         stream.close()
         raise
     st.metrics.submitted.labels("chat" if req.messages is not None else "completions").inc()
-    return stream
-
-
-async def submit_cached(
-    st: EdgeState, req: GenerateRequest, body: CompletionBody | ChatBody
-) -> tuple[EventStream, CacheResult]:
-    """``submit``, unless the response cache has the answer: then the answer is replayed
-    on a stream of the request's own (``serve_hit``) and nothing goes to Kafka."""
-    found = await st.cache.lookup(req, CacheMode(body.cache), client_seeded=body.seed is not None)
-    if found.entry is None:
-        return await submit(st, found.request), found.result
-    return await serve_hit(st, req, found.entry, found.result), found.result
-
-
-async def serve_hit(
-    st: EdgeState, req: GenerateRequest, entry: bytes, result: CacheResult
-) -> EventStream:
-    """Record the owner and write the cached events to ``req``'s stream, then open it:
-    the client reads them as it would a worker's (resumable, any edge)."""
-    names = st.names
-    with st.health.guard("cache hit", req.request_id):
-        await st.redis.set(names.owner(req.request_id), req.tenant, ex=st.settings.owner_ttl_s)
-        records = await publish_hit(
-            st.redis, names, req, entry, result, log_ttl_s=st.settings.owner_ttl_s
-        )
-        stream = st.event_stream(req.request_id, after_seq=-1)
-        await stream.open()
-    for record in records:  # a Kafka-only caller's completion, as a worker would send it
-        topic = req.reply.kafka_topic
-        assert topic is not None
-        st.spawn(st.producer.send(topic, record, key=req.request_id.encode()))
     return stream
 
 
@@ -277,4 +253,4 @@ def _shed(st: EdgeState) -> None:
         )
 
 
-__all__ = ["ApiError", "admit", "serve_hit", "submit", "submit_cached"]
+__all__ = ["ApiError", "admit", "submit"]
