@@ -75,16 +75,36 @@ def check_file(
     return out
 
 
+def window(
+    content: bytes, *, start: int, count: int, batch_id: str, tenant: str, reply_topic: str
+) -> list[Job]:
+    """The jobs of lines ``start`` to ``start + count`` of a file ``check_file`` passed:
+    only those lines are parsed, so sending a large batch a window at a time stays cheap."""
+    out = []
+    for index, (lineno, line) in enumerate(_lines(content)):
+        if index >= start + count:
+            break
+        if index >= start:
+            rid = line_request_id(batch_id, index)
+            item = parse_line(line, lineno, tenant, reply_topic, request_id=rid)
+            if isinstance(item, Job):
+                out.append(item)
+    return out
+
+
 def _error(code: str, message: str, line: int | None, param: str | None = None) -> dict[str, Any]:
     return {"code": code, "message": message, "param": param, "line": line}
 
 
-def result_line(custom_id: str, endpoint: str, model: str, c: Completion) -> tuple[bytes, bool]:
+def result_line(
+    custom_id: str, endpoint: str, model: str, c: Completion, *, expired: bool = False
+) -> tuple[bytes, bool]:
     """The line a finished request adds to the output file (True) or the error file: a
     failed request's ``response`` carries its status code and error body, as OpenAI's; a
-    request cancelled with its batch has ``error.code`` ``batch_cancelled``."""
+    request cancelled with its batch has ``error.code`` ``batch_cancelled`` (or
+    ``batch_expired``, when the batch ran out of its completion window)."""
     if c.error is None and c.finish_reason is FinishReason.CANCELLED:
-        return cancelled_line(custom_id, c.request_id), False
+        return cancelled_line(custom_id, c.request_id, expired=expired), False
     if c.error is not None:
         status = _STATUS.get(c.error.code, 500)
         kind = "invalid_request_error" if status < 500 else "server_error"

@@ -33,8 +33,14 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
 from services.bulk.runner import MAX_IN_FLIGHT
-from services.edge.batch_lines import Checked, cancelled_line, check_file, result_line
-from services.edge.batch_store import BatchRecord, BatchStore, line_request_id, parse_request_id
+from services.edge.batch_lines import Checked, cancelled_line, check_file, result_line, window
+from services.edge.batch_store import (
+    EXPIRED,
+    BatchRecord,
+    BatchStore,
+    line_request_id,
+    parse_request_id,
+)
 from services.edge.cancel import queue_cancel
 from services.edge.state import EdgeState
 from shared.codec import DecodeError, decode, encode
@@ -48,7 +54,6 @@ LEASE_MS = 5_000
 RESEND_S = 1.0  # how often a cancelling batch's cancels are broadcast again
 CANCEL_GRACE_S = 120.0  # a cancelled line whose worker never answers is written off then
 TRANSIENT = (*REDIS_DOWN, KafkaError)
-CANCELLED, EXPIRED = 1, 2  # BatchRecord.cancel_requested: why the batch stops early
 
 
 class BatchRunner:
@@ -60,6 +65,7 @@ class BatchRunner:
         self.me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._tasks: list[asyncio.Task[None]] = []
         self._resent: dict[str, float] = {}
+        self._held: set[str] = set()  # batches leased by this edge
 
     async def start(self) -> None:
         self._tasks = [
@@ -68,11 +74,17 @@ class BatchRunner:
         ]
 
     async def stop(self) -> None:
+        """Stop both tasks and hand this edge's leases over (a restart of a healthy edge
+        then pauses no batch; a crash leaves them to expire)."""
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        try:
+            await self.store.release(self.me, sorted(self._held))
+        except REDIS_DOWN as exc:
+            log.warning("batch leases not released, Redis away: %r", exc)
 
     async def _forever(self, step: Callable[[], Awaitable[None]], what: str) -> None:
         while True:
@@ -94,7 +106,10 @@ class BatchRunner:
         """One pass over the active batches this edge can lease."""
         for batch_id in await self.store.active():
             if await self.store.lease(batch_id, self.me, LEASE_MS):
+                self._held.add(batch_id)
                 await self.advance(batch_id)
+            else:
+                self._held.discard(batch_id)
 
     async def advance(self, batch_id: str) -> None:
         rec = await self.store.get(batch_id)
@@ -128,7 +143,7 @@ class BatchRunner:
                 errors=[{"code": "file_not_found", "message": "the input file is gone"}]
             )
         else:
-            checked = self._check(rec, content)
+            checked = await asyncio.to_thread(self._check, rec, content)
         if content is None or checked.errors:
             await self.store.update(rec.id, errors=checked.errors)
             await self.store.move(rec.id, "failed", from_=("validating",))
@@ -156,7 +171,14 @@ class BatchRunner:
         content = await self.store.input(rec.id)
         if content is None:
             return
-        jobs = self._check(rec, content).jobs[rec.submitted : rec.submitted + room]
+        jobs = window(
+            content,
+            start=rec.submitted,
+            count=room,
+            batch_id=rec.id,
+            tenant=rec.tenant,
+            reply_topic=self.st.names.completions,
+        )
         futures = []
         for job in jobs:
             req = job.request.with_seed()
@@ -166,7 +188,7 @@ class BatchRunner:
                 )
             )
         await asyncio.gather(*futures)
-        await self.store.update(rec.id, submitted=rec.submitted + len(jobs))
+        await self.store.update(rec.id, submitted=rec.submitted + room)
 
     async def _stop(self, rec: BatchRecord) -> None:
         """A cancelled or expired batch: lines never sent are written off at once; the
@@ -233,6 +255,7 @@ class BatchRunner:
         await self.store.move(rec.id, end, from_=("finalizing",))
         await self.store.retire(rec.id)
         self._resent.pop(rec.id, None)
+        self._held.discard(rec.id)
 
     # --- collecting ---------------------------------------------------------------------
     async def collect(self) -> None:
@@ -286,7 +309,9 @@ class BatchRunner:
             for (index, c), cid in zip(items, ids, strict=True):
                 if cid is None:
                     continue
-                line, ok = result_line(cid, rec.endpoint, rec.model, c)
+                line, ok = result_line(
+                    cid, rec.endpoint, rec.model, c, expired=rec.cancel_requested == EXPIRED
+                )
                 await self.store.record(batch_id, index, line, ok=ok)
 
 

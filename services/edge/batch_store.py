@@ -42,6 +42,7 @@ COMPLETION_WINDOW_S = 24 * 3600
 # A result line is stored with one leading byte saying which file it belongs to.
 OUTPUT, ERROR = b"o", b"e"
 JSON_FIELDS = ("metadata", "errors")
+CANCELLED, EXPIRED = 1, 2  # BatchRecord.cancel_requested: why the batch stops early
 
 _RECORD = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -60,6 +61,11 @@ for i = 3, #ARGV do
   end
 end
 return now
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 _SAVE_OFFSETS = """
@@ -240,6 +246,7 @@ class BatchStore:
         self._move = redis.register_script(_MOVE)
         self._lease = redis.register_script(_LEASE)
         self._save_offsets = redis.register_script(_SAVE_OFFSETS)
+        self._release = redis.register_script(_RELEASE)
 
     # --- keys -------------------------------------------------------------------------
     def _file(self, file_id: str) -> str:
@@ -366,6 +373,13 @@ class BatchStore:
     async def lease(self, batch_id: str, holder: str, ttl_ms: int) -> bool:
         """Take or renew the lease on advancing ``batch_id``; False while another holds it."""
         return bool(await self._lease(keys=[self._lease_key(batch_id)], args=[holder, ttl_ms]))
+
+    async def release(self, holder: str, batch_ids: list[str]) -> None:
+        """Give up ``holder``'s leases (the collector's and these batches'), so another
+        edge takes over at once rather than when they expire."""
+        keys = [self._collector_lease, *(self._lease_key(b) for b in batch_ids)]
+        for key in keys:
+            await self._release(keys=[key], args=[holder])
 
     async def lease_collector(self, holder: str, ttl_ms: int) -> bool:
         """Take or renew the lease on reading the completions topic for batch results."""

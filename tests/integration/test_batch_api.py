@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 
 import httpx
 import openai
 import orjson
 import pytest
+import redis.asyncio as aioredis
 
 from services.bench.batch_api import ENDED, input_file, lines_of, start_batch, wait_for
-from services.edge.auth import hash_key
+from services.edge.auth import KeyStore, hash_key
+from shared.messages import Priority
 from tests.conftest import new_prefix
 from tests.integration.conftest import ARTIFACTS
 from tests.integration.harness import Stack, make_stack
@@ -24,9 +27,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 MODEL = "tokenwire-tiny"
 ACME, BETA = "twk-test-batch-acme", "twk-test-batch-beta"
+PEPPER = "batch-api-test-pepper"
 KEYS = {
     "TW_AUTH": "required",
     "TW_API_KEYS": f"{hash_key(ACME)}=acme,{hash_key(BETA)}=beta",
+    "TW_KEY_PEPPER": PEPPER,
 }
 # Sized for a 2-core machine; TW_TEST_BATCH_LINES=500 runs the issue's full size.
 LINES = int(os.environ.get("TW_TEST_BATCH_LINES", "120"))
@@ -50,6 +55,19 @@ async def stack(infra: dict[str, str], model_dir: str) -> AsyncIterator[Stack]:
 
 def client(stack: Stack, edge: str, key: str = ACME) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=stack.url(edge) + "/v1", api_key=key, max_retries=0)
+
+
+async def lease_holder(stack: Stack, key: str) -> str:
+    """The name of the edge process holding a lease (its value names the holder's pid)."""
+    redis = aioredis.Redis.from_url(stack.env["TW_REDIS_URL"])
+    try:
+        raw = await redis.get(key)
+    finally:
+        await redis.aclose()
+    assert raw is not None, "nobody holds the lease"
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    pid = int(text.split(":")[1])
+    return next(name for name, p in stack.procs.items() if p.pid == pid)
 
 
 async def worker_cancelled(stack: Stack) -> float:
@@ -77,17 +95,22 @@ async def test_batch_survives_an_edge_restart_and_is_read_through_another_edge(
         within_s=120,
     )
     assert progressed.status == "in_progress" and progressed.in_progress_at is not None
-    stack.stop("a", sig=signal.SIGKILL)  # the edge that created the batch dies mid-run
-    stack.start("edge", name="a", **KEYS)
+    # The edge advancing the batch dies mid-run (SIGKILL: its leases are left to expire)
+    # and comes back; the batch is then followed and read through the other edge.
+    holder = await lease_holder(
+        stack, stack.names.batch_api("batch", "{" + batch.id + "}", "lease")
+    )
+    stack.stop(holder, sig=signal.SIGKILL)
+    stack.start("edge", name=holder, **KEYS)
     await stack.wait_ready()
-    b = client(stack, "b")
-    end = await wait_for(b, batch.id, lambda x: x.status in ENDED, within_s=180)
+    other = client(stack, "b" if holder == "a" else "a")
+    end = await wait_for(other, batch.id, lambda x: x.status in ENDED, within_s=180)
     assert end.status == "completed", end
     assert end.request_counts is not None
     assert (end.request_counts.total, end.request_counts.completed) == (LINES, LINES)
     assert end.request_counts.failed == 0 and end.error_file_id is None
     assert end.finalizing_at is not None and end.completed_at is not None
-    rows = await lines_of(b, end.output_file_id)
+    rows = await lines_of(other, end.output_file_id)
     assert len(rows) == LINES
     assert sorted(r["custom_id"] for r in rows) == ids  # each custom_id exactly once
     for r in rows:
@@ -96,9 +119,9 @@ async def test_batch_survives_an_edge_restart_and_is_read_through_another_edge(
         assert body["object"] == "text_completion" and body["model"] == MODEL
         assert 1 <= body["usage"]["completion_tokens"] <= 4
     # The restarted edge serves the same state.
-    again = await client(stack, "a").batches.retrieve(batch.id)
+    again = await client(stack, holder).batches.retrieve(batch.id)
     assert again.output_file_id == end.output_file_id
-    out = await client(stack, "a").files.retrieve(end.output_file_id or "")
+    out = await client(stack, holder).files.retrieve(end.output_file_id or "")
     assert out.purpose == "batch_output" and out.bytes > 0
 
 
@@ -139,6 +162,37 @@ async def test_cancelled_batch_stops_its_requests_and_keeps_what_finished(stack:
         )
         await wait_for(a, done.id, lambda x: x.status in ENDED, within_s=60)
         await a.batches.cancel(done.id)
+
+
+async def test_a_batch_past_its_window_expires_keeping_what_finished(stack: Stack) -> None:
+    a = client(stack, "a")
+    n = 32
+    content, ids = input_file(
+        n, endpoint="/v1/completions", model=MODEL, max_tokens=200, extra={"ignore_eos": True}
+    )
+    batch = await start_batch(a, content, "/v1/completions")
+    await wait_for(
+        a,
+        batch.id,
+        lambda x: x.request_counts is not None and x.request_counts.completed >= 1,
+        within_s=120,
+    )
+    # The 24 h window, run out: the record's expiry moved to the past.
+    redis = aioredis.Redis.from_url(stack.env["TW_REDIS_URL"])
+    try:
+        key = stack.names.batch_api("batch", "{" + batch.id + "}")
+        await redis.hset(key, "expires_at", str(int(time.time()) - 1))
+    finally:
+        await redis.aclose()
+    end = await wait_for(a, batch.id, lambda x: x.status in ENDED, within_s=120)
+    assert end.status == "expired" and end.expired_at is not None
+    counts = end.request_counts
+    assert counts is not None and counts.completed >= 1 and counts.completed + counts.failed == n
+    out = await lines_of(a, end.output_file_id)
+    errs = await lines_of(a, end.error_file_id)
+    assert len(out) == counts.completed and len(errs) == counts.failed > 0
+    assert sorted(r["custom_id"] for r in out + errs) == ids
+    assert all(r["response"] is None and r["error"]["code"] == "batch_expired" for r in errs)
 
 
 async def test_a_bad_line_fails_the_batch_at_validation(stack: Stack) -> None:
@@ -213,6 +267,17 @@ async def test_batches_and_files_belong_to_their_tenant(stack: Stack) -> None:
     assert len(page.data) == 1 and page.has_more
     nxt = await acme.batches.list(limit=1, after=page.data[0].id)
     assert nxt.data[0].id != page.data[0].id
+    # A key whose policy rules out bulk priority cannot make batches (they run at it).
+    redis = aioredis.Redis.from_url(stack.env["TW_REDIS_URL"])
+    try:
+        keys = KeyStore(redis, stack.names, {}, required=True, pepper=PEPPER.encode())
+        interactive, _ = await keys.create("acme", priorities=[Priority.INTERACTIVE])
+    finally:
+        await redis.aclose()
+    with pytest.raises(openai.PermissionDeniedError):
+        await client(stack, "a", interactive).batches.create(
+            input_file_id=batch.input_file_id, endpoint="/v1/completions", completion_window="24h"
+        )
     deleted = await acme.files.delete(batch.input_file_id)
     assert deleted.deleted
     with pytest.raises(openai.NotFoundError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 
-from services.edge.batch_lines import check_file, result_line
+from services.edge.batch_lines import check_file, result_line, window
 from services.edge.batch_store import BatchRecord, line_request_id, parse_request_id
 from shared.messages import Completion, ErrorInfo, FinishReason, Priority, Usage
 
@@ -35,6 +35,20 @@ def test_valid_lines_become_bulk_requests_named_by_batch_and_index() -> None:
         assert req.priority is Priority.BULK and req.tenant == "acme"
         assert req.reply.kafka_topic == "tw.completions" and not req.reply.redis
         assert req.sampling.max_tokens == 3
+
+
+def test_a_window_parses_only_its_lines() -> None:
+    body = {"model": MODEL, "prompt": "hi"}
+    rows = [
+        orjson.dumps({"custom_id": f"c{i}", "url": "/v1/completions", "body": body})
+        for i in range(6)
+    ]
+    rows[0] = b"not json: never parsed, being before the window"
+    jobs = window(
+        b"\n\n".join(rows), start=2, count=3, batch_id="batch_x", tenant="t", reply_topic="c"
+    )
+    assert [j.custom_id for j in jobs] == ["c2", "c3", "c4"]
+    assert [j.request.request_id for j in jobs] == ["batch_x.2", "batch_x.3", "batch_x.4"]
 
 
 def test_each_bad_line_is_an_error_with_its_line_number() -> None:

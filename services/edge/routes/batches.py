@@ -16,16 +16,17 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
-from services.edge.batch_runner import CANCELLED
 from services.edge.batch_store import (
+    CANCELLED,
     COMPLETION_WINDOW_S,
     ENDED,
     BatchRecord,
     new_batch_id,
 )
-from services.edge.errors import ApiError, bad_request, not_found
+from services.edge.errors import ApiError, bad_request, forbidden, not_found
 from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
 from services.edge.routes.files import batch_store
+from shared.messages import Priority
 
 router = APIRouter(responses=ERROR_RESPONSES, tags=["batches"])
 
@@ -52,6 +53,15 @@ async def create(body: CreateBatch, request: Request, who: Caller) -> JSONRespon
     (``validating``), and a file with a bad line fails the batch as a whole."""
     st = edge_state(request)
     store = batch_store(request)
+    # A batch's lines run at bulk priority on the served model: the key must allow both.
+    if not who.may_use_model(st.settings.model_name):
+        raise ApiError(
+            404,
+            f"this API key cannot use the model '{st.settings.model_name}' its batches run on",
+            code="model_not_found",
+        )
+    if not who.may_use_priority(Priority.BULK):
+        raise forbidden("this API key may not use priority 'bulk', which batches run at")
     with st.health.guard("batch create"):
         info = await store.file(who.tenant, body.input_file_id)
         if info is None:
