@@ -528,6 +528,12 @@ def _add_index_parser(sub: Subparsers) -> None:
     add_parser(sub)
 
 
+def _add_cache_parser(sub: Subparsers) -> None:
+    from services.cache_cli import add_parser
+
+    add_parser(sub)
+
+
 def cmd_bench_index(args: argparse.Namespace) -> None:
     from services.bench.index_bench import run as bench_index
 
@@ -556,6 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ask_parser(sub)
     _add_chaos_parser(sub)
     _add_index_parser(sub)
+    _add_cache_parser(sub)
     add_keys_parser(sub)
     return p
 

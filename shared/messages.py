@@ -181,6 +181,32 @@ class ReplyTarget(Wire):
     )
 
 
+class CacheResult(StrEnum):
+    """Where an answer came from: generated (``miss``), or replayed from the exact or the
+    semantic response cache."""
+
+    MISS = "miss"
+    EXACT = "exact"
+    SEMANTIC = "semantic"
+
+
+class CacheStore(Wire):
+    """Set by an edge after a cache miss: the worker stores the finished request's events
+    (finished by stop or length) as exact-cache entry ``digest`` of the request tenant's
+    scope (or the shared one) at cache generation ``generation``, for ``ttl_s`` seconds."""
+
+    digest: str = Field(pattern=r"^[0-9a-f]{16,128}$")
+    generation: int = Field(0, ge=0)
+    ttl_s: int = Field(ge=1, le=90 * 86400)
+    shared: bool = Field(False, description="the scope every tenant shares, not the tenant's")
+    retrieval_version: str | None = Field(
+        None,
+        max_length=64,
+        description="the retrieval index version in the key: stored only if the request was "
+        "grounded on that version",
+    )
+
+
 class Retrieval(Wire):
     """Ground the prompt in a knowledge-base index: the batcher embeds the last user
     message (or the prompt), takes the ``top_k`` nearest passages that fit
@@ -231,6 +257,9 @@ class GenerateRequest(Wire):
         None, description="passages to retrieve into the prompt (cleared once applied)"
     )
     grounding: Grounding | None = Field(None, description="the retrieval applied (batcher)")
+    cache_store: CacheStore | None = Field(
+        None, description="store the answer in the response cache (set by edges)"
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
@@ -334,6 +363,9 @@ class Completion(Wire):
     created_at: float
     finished_at: float = Field(default_factory=time.time)
     worker_id: str | None = None
+    cache: CacheResult = Field(
+        CacheResult.MISS, description="generated, or replayed from a response cache"
+    )
 
 
 class Batch(Wire):

@@ -118,3 +118,13 @@ class Names:
     def heartbeat(self, worker_id: str) -> str:
         """Key holding a worker's latest heartbeat (expires when the worker goes silent)."""
         return f"{self.heartbeat_prefix}{worker_id}"
+
+    def cache(self, tenant: str, *parts: str) -> str:
+        """A key of a tenant's response caches: its generation counter (``gen``; a purge
+        bumps it), exact entries (``x:<generation>:<digest>``) and semantic entries
+        (``s:<generation>``, a hash of entry id to vector and metadata)."""
+        return ":".join((self.prefix, "cache", tenant, *parts))
+
+    def cache_exact(self, tenant: str, generation: int, digest: str) -> str:
+        """The events of the tenant's exact-cache entry ``digest``."""
+        return self.cache(tenant, "x", str(generation), digest)

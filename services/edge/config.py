@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from services.edge.auth import parse_key_list
+from shared.cache.guard import SEMANTIC_THRESHOLD
 from shared.settings import CommonSettings
 from shared.token_stream import LOG_TTL_S
 
@@ -90,6 +91,31 @@ class EdgeSettings(CommonSettings):
     )
     shutdown_grace_s: int = Field(
         5, ge=0, description="on SIGTERM, how long open streams may finish before closing"
+    )
+
+    # --- response caches -----------------------------------------------------------------
+    cache: bool = Field(
+        True,
+        description="exact response cache: a greedy or client-seeded request identical to "
+        "an earlier one (model, prompt, every sampling field) is answered from Redis",
+    )
+    cache_ttl_s: int = Field(3600, ge=1, le=90 * 86400, description="lifetime of a cached answer")
+    cache_shared: bool = Field(
+        False, description="all tenants share one cache (off: each tenant has its own)"
+    )
+    semantic_cache: bool = Field(
+        False,
+        description="semantic response cache: a prompt close in meaning to a cached one (same "
+        "context and sampling) is answered with its answer",
+    )
+    semantic_threshold: float = Field(
+        SEMANTIC_THRESHOLD,
+        gt=0,
+        le=1,
+        description="cosine similarity a semantic hit needs (tuned on the labelled set)",
+    )
+    semantic_max_entries: int = Field(
+        10_000, ge=1, description="semantic entries kept per tenant (oldest dropped first)"
     )
 
     @field_validator("api_keys")

@@ -23,6 +23,7 @@ from services.edge.shapes import CLIENT_ERROR_CODES, Shape, error_of
 from services.edge.sse import DONE, KEEPALIVE, frame
 from services.edge.state import EdgeState
 
+CACHE_HEADER = b"x-tokenwire-cache"
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -41,6 +42,7 @@ class RelayPlan:
     cancel_on_disconnect: bool
     include_usage: bool = False
     created_at: float | None = None  # the request's creation (wall clock), for the metric
+    cache: str = "miss"  # x-tokenwire-cache: miss, exact or semantic
 
 
 class _Relay(Response):
@@ -69,7 +71,9 @@ class _Relay(Response):
         m = self.plan.st.metrics
         m.events.inc(len(events))
         if self.plan.created_at is not None:
-            m.first_event.observe(max(0.0, time.time() - self.plan.created_at))
+            ttft = max(0.0, time.time() - self.plan.created_at)
+            m.first_event.observe(ttft)
+            self.plan.st.cache.metrics.ttft.labels(self.plan.cache).observe(ttft)
             self.plan.created_at = None
 
 
@@ -81,7 +85,11 @@ class SseRelay(_Relay):
         plan = self.plan
         stream, shape = plan.stream, plan.shape
         settings = plan.st.settings
-        headers = [*SSE_HEADERS, (b"x-request-id", stream.request_id.encode())]
+        headers = [
+            *SSE_HEADERS,
+            (b"x-request-id", stream.request_id.encode()),
+            (CACHE_HEADER, plan.cache.encode()),
+        ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         loop = asyncio.get_running_loop()
         idle_since = loop.time()
@@ -127,7 +135,7 @@ class JsonRelay(_Relay):
                     break
                 if loop.time() - idle_since > plan.st.settings.request_timeout_s:
                     body = {"error": {"message": "the request timed out", "type": "server_error"}}
-                    await _json(send, 504, body, stream.request_id)
+                    await _json(send, 504, body, stream.request_id, plan.cache)
                     return
                 continue
             idle_since = loop.time()
@@ -141,22 +149,24 @@ class JsonRelay(_Relay):
         if last.get("error"):
             err = error_of(last)
             status = 400 if err["code"] in CLIENT_ERROR_CODES else 500
-            await _json(send, status, {"error": {**err, "param": None}}, stream.request_id)
+            refusal: dict[str, Any] = {"error": {**err, "param": None}}
+            await _json(send, status, refusal, stream.request_id, plan.cache)
             return
         whole = plan.shape.whole("".join(text), last, token_ids, with_logprobs)
-        await _json(send, 200, whole, stream.request_id)
+        await _json(send, 200, whole, stream.request_id, plan.cache)
 
 
 async def _body(send: Send, data: bytes, more: bool) -> None:
     await send({"type": "http.response.body", "body": data, "more_body": more})
 
 
-async def _json(send: Send, status: int, body: dict[str, Any], request_id: str) -> None:
+async def _json(send: Send, status: int, body: dict[str, Any], request_id: str, cache: str) -> None:
     data = orjson.dumps(body)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(data)).encode()),
         (b"x-request-id", request_id.encode()),
+        (CACHE_HEADER, cache.encode()),
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await _body(send, data, more=False)

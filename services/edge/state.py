@@ -14,6 +14,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from services.edge.auth import KeyStore, load_pepper, parse_key_list
+from services.edge.cache import ResponseCache, response_cache
 from services.edge.config import EdgeSettings
 from services.edge.health import RedisHealth
 from services.edge.hub import Hub
@@ -66,6 +67,7 @@ class EdgeState:
     # Kafka does not take in time is refused on its own, with 503 queue_unavailable).
     kafka: Dependency
     kafka_probe: KafkaProbe
+    cache: ResponseCache
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @property
@@ -107,6 +109,7 @@ class EdgeState:
             health=RedisHealth(redis, lambda: hub.connected, metrics),
             kafka=kafka,
             kafka_probe=KafkaProbe(producer, [names.requests], kafka),
+            cache=response_cache(settings, redis, metrics),
         )
 
     async def start(self) -> None:
@@ -115,6 +118,7 @@ class EdgeState:
         await self.hub.start()
         self.load.start()
         self.health.start()
+        await self.cache.start()
         if self.settings.auth == "off":
             log.warning("TW_AUTH=off: calls without an API key are served as tenant 'default'")
 

@@ -18,6 +18,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from pydantic import ValidationError
 
 from services.edge.auth import Principal
+from services.edge.cache import publish_hit
 from services.edge.cancel import cancel_in_background
 from services.edge.errors import (
     ApiError,
@@ -33,8 +34,9 @@ from services.edge.relay import EventStream
 from services.edge.retrieval import admit_retrieval
 from services.edge.shapes import new_request_id
 from services.edge.state import EdgeState
+from shared.cache.keys import CacheMode
 from shared.codec import encode
-from shared.messages import GenerateRequest
+from shared.messages import CacheResult, GenerateRequest
 from shared.retry import REDIS_DOWN
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,37 @@ async def submit(st: EdgeState, req: GenerateRequest) -> EventStream:
         stream.close()
         raise
     st.metrics.submitted.labels("chat" if req.messages is not None else "completions").inc()
+    return stream
+
+
+async def submit_cached(
+    st: EdgeState, req: GenerateRequest, body: CompletionBody | ChatBody
+) -> tuple[EventStream, CacheResult]:
+    """``submit``, unless the response cache has the answer: then the answer is replayed
+    on a stream of the request's own (``serve_hit``) and nothing goes to Kafka."""
+    found = await st.cache.lookup(req, CacheMode(body.cache), client_seeded=body.seed is not None)
+    if found.entry is None:
+        return await submit(st, found.request), found.result
+    return await serve_hit(st, req, found.entry, found.result), found.result
+
+
+async def serve_hit(
+    st: EdgeState, req: GenerateRequest, entry: bytes, result: CacheResult
+) -> EventStream:
+    """Record the owner and write the cached events to ``req``'s stream, then open it:
+    the client reads them as it would a worker's (resumable, any edge)."""
+    names = st.names
+    with st.health.guard("cache hit", req.request_id):
+        await st.redis.set(names.owner(req.request_id), req.tenant, ex=st.settings.owner_ttl_s)
+        records = await publish_hit(
+            st.redis, names, req, entry, result, log_ttl_s=st.settings.owner_ttl_s
+        )
+        stream = st.event_stream(req.request_id, after_seq=-1)
+        await stream.open()
+    for record in records:  # a Kafka-only caller's completion, as a worker would send it
+        topic = req.reply.kafka_topic
+        assert topic is not None
+        st.spawn(st.producer.send(topic, record, key=req.request_id.encode()))
     return stream
 
 
@@ -253,4 +286,4 @@ def _shed(st: EdgeState) -> None:
         )
 
 
-__all__ = ["ApiError", "admit", "submit"]
+__all__ = ["ApiError", "admit", "serve_hit", "submit", "submit_cached"]

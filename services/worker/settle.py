@@ -13,6 +13,7 @@ from aiokafka.errors import KafkaError
 
 from services.worker.context import WorkerContext
 from services.worker.events import RequestState
+from shared.cache.store import storable, store_answer
 from shared.codec import encode
 from shared.dead_letters import dead_letter
 from shared.kafka_io import ridden_out
@@ -45,6 +46,7 @@ class Settler:
     async def settle(self, ended: list[RequestState]) -> None:
         ctx = self.ctx
         await self._send_completions([st for st in ended if _owes_completion(st)])
+        await self._store_answers([st for st in ended if storable(st.request, st.final)])
         for st in ended:
             if st.final is not None and st.final.error is not None:
                 ctx.metrics.failures.labels(st.final.error.code).inc()
@@ -83,6 +85,19 @@ class Settler:
             else:
                 ctx.kafka_dep.answered()
             pending = retry
+
+    async def _store_answers(self, ended: list[RequestState]) -> None:
+        """Copy finished answers into the response cache, as their edges asked. A cache
+        that cannot be written is a miss later, never a reason to hold a request back."""
+        ctx = self.ctx
+        for st in ended:
+            try:
+                stored = await store_answer(ctx.redis, ctx.names, st.request)
+            except REDIS_DOWN as exc:
+                stored = False
+                log.warning("answer not cached: %r", exc, extra={"request_id": st.request_id})
+            if not stored:
+                ctx.metrics.handled_errors.labels("cache_store").inc()
 
     async def _send_completion(self, st: RequestState) -> None:
         topic, final = st.request.reply.kafka_topic, st.final

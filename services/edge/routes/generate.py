@@ -10,7 +10,7 @@ from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.responses import JsonRelay, RelayPlan, SseRelay
 from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
 from services.edge.shapes import Shape, created_of
-from services.edge.submit import admit, submit
+from services.edge.submit import admit, submit_cached
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
@@ -30,7 +30,7 @@ async def chat_completions(body: ChatBody, request: Request, who: Caller) -> Res
 async def generate(request: Request, who: Principal, body: CompletionBody | ChatBody) -> Response:
     st = edge_state(request)
     req = await admit(st, who, body)
-    stream = await submit(st, req)
+    stream, cached = await submit_cached(st, req, body)
     plan = RelayPlan(
         st,
         stream,
@@ -45,5 +45,6 @@ async def generate(request: Request, who: Principal, body: CompletionBody | Chat
         cancel_on_disconnect=not body.resumable,
         include_usage=body.include_usage,
         created_at=req.created_at,
+        cache=cached.value,
     )
     return SseRelay(plan) if body.stream else JsonRelay(plan)

@@ -28,7 +28,7 @@ from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
 from services.edge.shapes import Shape, created_of, error_of, usage_of
 from services.edge.state import EdgeState
-from services.edge.submit import admit, submit
+from services.edge.submit import admit, submit_cached
 
 router = APIRouter()
 BODIES: dict[str, type[CompletionBody] | type[ChatBody]] = {
@@ -71,7 +71,7 @@ async def _handle(
             loc = ".".join(str(p) for p in first["loc"])
             raise bad_request(f"{loc}: {first['msg']}" if loc else str(first["msg"])) from None
         req = await admit(st, who, body)
-        stream = await submit(st, req)
+        stream, cached = await submit_cached(st, req, body)
         shape = Shape(
             req.request_id,
             st.settings.model_name,
@@ -79,7 +79,16 @@ async def _handle(
             token_ids=body.return_token_ids,
             token_text=st.model.token_text,
         )
-        await _relay(ws, inbox, st, who, stream, shape, cancel_on_disconnect=not body.resumable)
+        await _relay(
+            ws,
+            inbox,
+            st,
+            who,
+            stream,
+            shape,
+            cancel_on_disconnect=not body.resumable,
+            cache=cached.value,
+        )
     elif kind == "resume":
         rid = str(msg.get("request_id", ""))
         await _owned(st, who, rid)
@@ -113,14 +122,16 @@ async def _relay(
     shape: Shape,
     *,
     cancel_on_disconnect: bool,
+    cache: str = "miss",
 ) -> None:
-    """Pump the stream to the socket while listening for a cancel or a disconnect."""
+    """Pump the stream to the socket while listening for a cancel or a disconnect. The
+    first message names the request and where its answer comes from (``cache``)."""
     rid = stream.request_id
     listener = asyncio.ensure_future(_listen(inbox, st, who, rid))
     pump = asyncio.ensure_future(_pump(ws, st, stream, shape))
     st.metrics.streams.inc()
     try:
-        await _send(ws, {"type": "request", "id": rid})
+        await _send(ws, {"type": "request", "id": rid, "cache": cache})
         await asyncio.wait({listener, pump}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stream.close()

@@ -1,0 +1,248 @@
+"""The response caches at the edge: look a request up before it goes to Kafka, replay a hit
+through the same token stream a worker would write, and ask the worker to store a miss.
+
+A hit looks like a miss to the client: it gets a new request id, events from seq 0 on the
+request's Redis stream and replay log (so SSE, WebSocket, ``Last-Event-ID`` resumes and
+usage all work unchanged), and never reaches Kafka or a worker. Only the latency and the
+``x-tokenwire-cache`` header differ.
+
+Keys are scoped per tenant (``TW_CACHE_SHARED`` puts every tenant in one scope) and carry
+the scope's generation: ``tokenwire cache purge`` bumps it, so no entry written before is
+reachable, and deletes the old entries.
+
+Lookups run here, at the edge: the exact lookup is two Redis reads (well under a
+millisecond), and the semantic lookup's embedding runs in a thread, batched with the
+lookups that arrive while one is computing (``semantic.py``), so a miss is not held for a
+batching window it does not need.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from services.edge.config import EdgeSettings
+from services.edge.metrics import EdgeMetrics
+from shared import token_stream
+from shared.cache.keys import (
+    SHARED_SCOPE,
+    CacheMode,
+    exact_digest,
+    model_identity,
+    reproducible,
+)
+from shared.cache.store import read_entry, replay_events
+from shared.codec import encode
+from shared.embedding import load_embedder
+from shared.messages import CacheResult, CacheStore, Completion, GenerateRequest
+from shared.names import Names
+from shared.retrieval.store import RetrievalError, index_version
+from shared.retry import REDIS_DOWN
+
+if TYPE_CHECKING:
+    from services.edge.semantic import SemanticCache
+
+log = logging.getLogger(__name__)
+
+
+class CacheMetrics:
+    """``tw_cache_lookups_total{kind,result}`` and TTFT by cache result."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.lookups = Counter(
+            "tw_cache_lookups",
+            "response-cache lookups by kind (exact, semantic) and result (hit, miss, skip)",
+            ["kind", "result"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "tw_cache_first_event_seconds",
+            "request creation at the edge to its first event relayed, by cache result",
+            ["cache"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
+        self.lookup_seconds = Histogram(
+            "tw_cache_lookup_seconds",
+            "time a cache lookup takes, by kind",
+            ["kind"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=registry,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """A lookup's outcome: a hit's stored events, or the request to publish (with its
+    store instruction when its answer may be cached)."""
+
+    result: CacheResult
+    request: GenerateRequest
+    entry: bytes | None = None
+
+
+class ResponseCache:
+    """The exact cache (and, when on, the semantic one) of one edge process."""
+
+    def __init__(
+        self,
+        settings: EdgeSettings,
+        redis: aioredis.Redis,
+        registry: CollectorRegistry,
+        semantic: SemanticCache | None = None,
+    ) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.names: Names = settings.names
+        self.metrics = CacheMetrics(registry)
+        self.model = model_identity(settings.model_dir, settings.model_name)
+        self.semantic = semantic
+
+    async def start(self) -> None:
+        """Load the embedder now (seconds), not on the first request."""
+        if self.semantic is not None:
+            await self.semantic.embedder.embedder()
+
+    def scope(self, tenant: str) -> str:
+        return SHARED_SCOPE if self.settings.cache_shared else tenant
+
+    async def generation(self, scope: str) -> int:
+        raw = await self.redis.get(self.names.cache(scope, "gen"))
+        return int(raw) if raw else 0
+
+    async def lookup(self, req: GenerateRequest, mode: CacheMode, *, client_seeded: bool) -> Lookup:
+        """Look ``req`` up; on a miss, the request to publish (asking its worker to store
+        the answer unless ``no-store``). Redis trouble is a miss, never an error."""
+        if not self.settings.cache or not reproducible(req, client_seeded):
+            self.metrics.lookups.labels("exact", "skip").inc()
+            return Lookup(CacheResult.MISS, req)
+        extra = _extra_inputs(req, self.settings.index_root)
+        if extra is None:  # names an input whose version is unknown here
+            self.metrics.lookups.labels("exact", "skip").inc()
+            return Lookup(CacheResult.MISS, req)
+        started = time.perf_counter()
+        try:
+            digest = exact_digest(req, self.model, extra)
+            return await self._lookup(req, mode, digest, extra.get("retrieval"))
+        except REDIS_DOWN as exc:
+            log.warning("cache lookup failed: %r", exc, extra={"request_id": req.request_id})
+            self.metrics.lookups.labels("exact", "error").inc()
+            return Lookup(CacheResult.MISS, req)
+        finally:
+            self.metrics.lookup_seconds.labels("total").observe(time.perf_counter() - started)
+
+    async def _lookup(
+        self, req: GenerateRequest, mode: CacheMode, digest: str, retrieval_version: str | None
+    ) -> Lookup:
+        scope = self.scope(req.tenant)
+        gen = await self.generation(scope)
+        if mode.looks_up:
+            entry = await read_entry(self.redis, self.names.cache_exact(scope, gen, digest))
+            self.metrics.lookups.labels("exact", "hit" if entry else "miss").inc()
+            if entry:
+                return Lookup(CacheResult.EXACT, req, entry)
+        semantic = self.semantic
+        probe = None
+        if semantic is not None:
+            started = time.perf_counter()
+            probe = await semantic.lookup(scope, gen, req) if mode.looks_up else None
+            if probe is not None:
+                hit = probe.entry is not None
+                self.metrics.lookups.labels("semantic", "hit" if hit else "miss").inc()
+                self.metrics.lookup_seconds.labels("semantic").observe(
+                    time.perf_counter() - started
+                )
+                if probe.entry is not None:
+                    return Lookup(CacheResult.SEMANTIC, req, probe.entry)
+        if not mode.stores:
+            return Lookup(CacheResult.MISS, req)
+        if semantic is not None:
+            vector = probe.vector if probe is not None else None
+            await semantic.remember(scope, gen, req, digest, vector)
+        store = CacheStore(
+            digest=digest,
+            generation=gen,
+            ttl_s=self.settings.cache_ttl_s,
+            shared=scope == SHARED_SCOPE,
+            retrieval_version=retrieval_version,
+        )
+        return Lookup(CacheResult.MISS, req.model_copy(update={"cache_store": store}))
+
+
+def _extra_inputs(req: GenerateRequest, index_root: Path) -> dict[str, str] | None:
+    """Inputs a request names but does not hold, with their versions: the current version
+    of the retrieval index it names. None when that cannot be told (never cached)."""
+    if req.retrieval is None:
+        return {}
+    try:
+        return {"retrieval": index_version(index_root, req.retrieval.index)}
+    except RetrievalError:
+        return None
+
+
+async def publish_hit(
+    redis: aioredis.Redis,
+    names: Names,
+    req: GenerateRequest,
+    entry: bytes,
+    result: CacheResult,
+    *,
+    log_ttl_s: int,
+) -> list[bytes]:
+    """Write a hit's events to ``req``'s token stream and replay log, seqs from 0, in one
+    round trip, and return the Kafka completion record to send when ``req`` asks for
+    one (empty list otherwise)."""
+    events = replay_events(entry, req.request_id)
+    await token_stream.publish_events(redis, names, events, ttl_s=log_ttl_s)
+    if not req.reply.kafka_topic:
+        return []
+    final = events[-1]
+    completion = Completion(
+        request_id=req.request_id,
+        tenant=req.tenant,
+        text="".join(ev.text for ev in events),
+        token_ids=[t for ev in events for t in ev.token_ids],
+        finish_reason=final.finish_reason or "stop",
+        usage=final.usage,
+        created_at=req.created_at,
+        cache=result,
+    )
+    return [encode(completion)]
+
+
+async def purge(redis: aioredis.Redis, names: Names, scope: str) -> int:
+    """Make every cached answer of ``scope`` unreachable (bump its generation) and delete
+    the old entries; the number of keys deleted."""
+    await redis.incr(names.cache(scope, "gen"))
+    deleted = 0
+    for pattern in (names.cache(scope, "x", "*"), names.cache(scope, "s", "*")):
+        batch: list[bytes] = []
+        async for key in redis.scan_iter(match=pattern, count=500):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += await redis.unlink(*batch)
+                batch = []
+        if batch:
+            deleted += await redis.unlink(*batch)
+    return deleted
+
+
+def response_cache(
+    settings: EdgeSettings, redis: aioredis.Redis, metrics: EdgeMetrics
+) -> ResponseCache:
+    """The edge's caches as its settings ask (the semantic one only when turned on)."""
+    semantic = None
+    if settings.semantic_cache:
+        from services.edge.semantic import EmbedBatcher, SemanticCache
+
+        model_dir = settings.embed_model_dir
+        semantic = SemanticCache(
+            settings, redis, EmbedBatcher(lambda: load_embedder(model_dir or None))
+        )
+    return ResponseCache(settings, redis, metrics.registry, semantic)

@@ -1,0 +1,246 @@
+"""The semantic cache: a request whose prompt means the same as a cached one is answered
+with that one's stored answer.
+
+Entries live in Redis, one stream per tenant scope and cache generation (the prompt's
+unit vector, the exact-cache digest of its answer, its text, conversation context and
+sampling class, and the embedder's identity), so every edge shares them and an edge that
+starts, or a Redis that restarts with its data, rebuilds the same index. Each edge keeps
+a FAISS inner-product index per scope, brought up to date from the stream (only new
+entries are read) before each search.
+
+A hit needs, besides a similarity of at least ``TW_SEMANTIC_THRESHOLD``: the same
+conversation context and sampling class, the same embedder, no disagreement in negation,
+numbers, named entities, antonyms or direction (``shared/cache/guard.py``), and the
+answer itself still in the exact cache (it is written when the first request finishes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import faiss
+import numpy as np
+import orjson
+import redis.asyncio as aioredis
+
+from services.edge.config import EdgeSettings
+from shared.cache.guard import disagreement
+from shared.cache.keys import context_digest, last_user_text, sampling_class
+from shared.cache.store import read_entry
+from shared.embedding import Embedder
+from shared.messages import GenerateRequest
+
+log = logging.getLogger(__name__)
+
+CANDIDATES = 8  # nearest entries checked per lookup
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """What a semantic entry says besides its vector."""
+
+    digest: str
+    text: str
+    context: str
+    sampling: str
+    embedder: str
+
+
+@dataclass
+class ScopeIndex:
+    """One scope's FAISS index at one generation, and how far it has read the stream."""
+
+    generation: int
+    dim: int
+    index: Any = None
+    meta: dict[int, Meta] = field(default_factory=dict)
+    last_id: str = "0-0"
+    next_id: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        self.index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
+
+    def add(self, vectors: np.ndarray, metas: list[Meta], keep: int) -> None:
+        ids = np.arange(self.next_id, self.next_id + len(metas), dtype=np.int64)
+        self.index.add_with_ids(vectors, ids)
+        for i, m in zip(ids.tolist(), metas, strict=True):
+            self.meta[i] = m
+        self.next_id += len(metas)
+        oldest = self.next_id - keep
+        if oldest > 0 and len(self.meta) > keep:
+            gone = [i for i in self.meta if i < oldest]
+            self.index.remove_ids(np.array(gone, dtype=np.int64))
+            for i in gone:
+                del self.meta[i]
+
+
+class EmbedBatcher:
+    """Embeds texts in a worker thread, one batch at a time: texts that arrive while a
+    batch is computing go together in the next one, so a lone lookup is not held back
+    and a burst shares forward passes."""
+
+    def __init__(self, load: Callable[[], Embedder]) -> None:
+        self._load = load
+        self._embedder: Embedder | None = None
+        self._pending: list[tuple[str, asyncio.Future[np.ndarray]]] = []
+        self._running = False
+        self._task: asyncio.Task[None] | None = None
+        self.batches = 0
+        self.texts = 0
+
+    async def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = await asyncio.to_thread(self._load)
+        return self._embedder
+
+    async def embed(self, text: str) -> np.ndarray:
+        fut: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self._pending.append((text, fut))
+        if not self._running:
+            self._running = True
+            self._task = asyncio.create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        try:
+            embedder = await self.embedder()
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    vectors = await asyncio.to_thread(embedder.embed, [t for t, _ in batch])
+                except Exception as exc:  # an embedder failure fails its lookups, not the edge
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                self.batches += 1
+                self.texts += len(batch)
+                for (_, fut), vec in zip(batch, vectors, strict=True):
+                    if not fut.done():
+                        fut.set_result(vec)
+        finally:
+            self._running = False
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """A semantic lookup's outcome: the hit's stored answer (or None) and the prompt's
+    vector, kept to remember the request on a miss."""
+
+    entry: bytes | None
+    vector: np.ndarray
+    similarity: float = 0.0
+
+
+class SemanticCache:
+    """Per-scope FAISS indexes over prompt embeddings, synchronised from Redis."""
+
+    def __init__(
+        self, settings: EdgeSettings, redis: aioredis.Redis, embedder: EmbedBatcher
+    ) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.names = settings.names
+        self.embedder = embedder
+        self._scopes: dict[str, ScopeIndex] = {}
+
+    def _stream(self, scope: str, generation: int) -> str:
+        return self.names.cache(scope, "s", str(generation))
+
+    async def lookup(self, scope: str, generation: int, req: GenerateRequest) -> Probe:
+        """The stored answer of the nearest agreeing entry, if any."""
+        text = last_user_text(req)
+        vector = await self.embedder.embed(text)
+        identity = (await self.embedder.embedder()).identity
+        index = await self._synced(scope, generation)
+        if index.index.ntotal == 0:
+            return Probe(None, vector)
+        sims, ids = index.index.search(vector[None, :], min(CANDIDATES, index.index.ntotal))
+        context, cls = context_digest(req), sampling_class(req)
+        for sim, i in zip(sims[0].tolist(), ids[0].tolist(), strict=True):
+            if sim < self.settings.semantic_threshold:
+                break
+            meta = index.meta.get(i)
+            if meta is None or (meta.context, meta.sampling, meta.embedder) != (
+                context,
+                cls,
+                identity,
+            ):
+                continue
+            if disagreement(text, meta.text) is not None:
+                continue
+            key = self.names.cache_exact(scope, generation, meta.digest)
+            entry = await read_entry(self.redis, key)
+            if entry:
+                return Probe(entry, vector, sim)
+        return Probe(None, vector)
+
+    async def remember(
+        self,
+        scope: str,
+        generation: int,
+        req: GenerateRequest,
+        digest: str,
+        vector: np.ndarray | None,
+    ) -> None:
+        """Add a missed request as an entry (its answer is stored when it finishes)."""
+        embedder = await self.embedder.embedder()
+        if vector is None:  # a no-cache request: not looked up, so not embedded yet
+            vector = await self.embedder.embed(last_user_text(req))
+        meta = {
+            "digest": digest,
+            "text": last_user_text(req),
+            "context": context_digest(req),
+            "sampling": sampling_class(req),
+            "embedder": embedder.identity,
+        }
+        key = self._stream(scope, generation)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xadd(
+            key,
+            {b"v": np.asarray(vector, dtype=np.float32).tobytes(), b"m": orjson.dumps(meta)},
+            maxlen=self.settings.semantic_max_entries,
+            approximate=True,
+        )
+        pipe.expire(key, self.settings.cache_ttl_s)
+        await pipe.execute()
+
+    async def _synced(self, scope: str, generation: int) -> ScopeIndex:
+        """The scope's index with every entry of the stream read."""
+        index = self._scopes.get(scope)
+        if index is None or index.generation != generation:
+            dim = (await self.embedder.embedder()).dim
+            index = self._scopes[scope] = ScopeIndex(generation, dim)
+        async with index.lock:
+            key = self._stream(scope, generation)
+            while True:
+                rows = await self.redis.xrange(key, min=f"({index.last_id}", count=1000)
+                if not rows:
+                    return index
+                self._add_rows(index, rows)
+
+    def _add_rows(self, index: ScopeIndex, rows: list[Any]) -> None:
+        vectors, metas = [], []
+        for entry_id, fields in rows:
+            index.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            try:
+                vec = np.frombuffer(fields[b"v"], dtype=np.float32)
+                meta = Meta(**orjson.loads(fields[b"m"]))
+            except (KeyError, TypeError, ValueError, orjson.JSONDecodeError):
+                log.warning("semantic entry %s unreadable: skipped", index.last_id)
+                continue
+            if vec.shape != (index.dim,):
+                continue  # another embedder's vector: never comparable
+            vectors.append(vec)
+            metas.append(meta)
+        if metas:
+            index.add(np.stack(vectors), metas, self.settings.semantic_max_entries)
+
+    def sizes(self) -> dict[str, int]:
+        """Entries held per scope (for tests and the benchmark)."""
+        return {scope: idx.index.ntotal for scope, idx in self._scopes.items()}

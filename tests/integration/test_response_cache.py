@@ -1,0 +1,256 @@
+"""The response caches on a real stack (Kafka, Redis, a worker, a batcher, edges with keys
+of two tenants and the semantic cache on): an exact hit replays the first answer's stream
+byte for byte apart from ids and timestamps and never reaches a worker; ``no-store`` and
+``no-cache`` do what they say; one tenant's answers are never served to another; a
+paraphrase is a semantic hit while one-slot edits are not; after a Redis restart a fresh
+edge rebuilds the semantic index from Redis and serves from it."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import redis.asyncio as aioredis
+
+from services.bench import cluster
+from services.edge.auth import hash_key
+from shared.messages import GenerateRequest
+from tests.conftest import ROOT, new_prefix
+from tests.integration.conftest import ARTIFACTS
+from tests.integration.harness import Stack, read_topic
+from tests.integration.servers import Server, private_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+MODEL = "tokenwire-tiny"
+ACME, BETA = "sk-test-acme-cache-0000000000000000", "sk-test-beta-cache-0000000000000000"
+QUESTION = "How do I reverse a list in Python?"
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A Redis of this module's own, with an append-only file (a restart keeps the data)."""
+    srv = private_server("redis", tmp_path_factory.mktemp("cache-redis"), persist="aof")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    infra: dict[str, str], model_dir: str, redis_server: Server
+) -> AsyncIterator[Stack]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    st = cluster.make_stack(
+        new_prefix("cache"), {**infra, "TW_REDIS_URL": redis_server.url}, model_dir, ARTIFACTS
+    )
+    st.env.update(
+        TW_AUTH="required",
+        TW_API_KEYS=f"{hash_key(ACME)}=acme,{hash_key(BETA)}=beta",
+        TW_SEMANTIC_CACHE="true",
+    )
+    await st.create_topics()
+    st.start("worker")
+    st.start("batcher")
+    st.start("edge")
+    try:
+        await st.wait_ready()
+        yield st
+    finally:
+        st.stop_all()
+
+
+def chat(question: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream": True,
+        **extra,
+    }
+
+
+async def sse(
+    st: Stack, body: dict[str, Any], key: str = ACME, edge: str = "edge"
+) -> tuple[str, str, bytes]:
+    """(cache header, request id, the SSE body) of one streamed call."""
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(timeout=60, headers=headers) as http:
+        r = await http.post(st.url(edge) + "/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.headers["x-tokenwire-cache"], r.headers["x-request-id"], r.content
+
+
+def normalised(body: bytes, request_id: str) -> bytes:
+    """An SSE body without what differs between two answers: ids and timestamps."""
+    return re.sub(rb'"created":\d+', b'"created":0', body.replace(request_id.encode(), b"ID"))
+
+
+async def stored(st: Stack, redis: aioredis.Redis, tenant: str, count: int) -> None:
+    """Wait until ``tenant`` has ``count`` exact entries (a worker stores an answer as
+    it settles the request, just after its final event)."""
+    pattern = st.names.cache(tenant, "x", "*")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if len([k async for k in redis.scan_iter(match=pattern)]) >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{tenant} has fewer than {count} cached answers")
+
+
+async def worker_finished(st: Stack) -> float:
+    url = f"http://127.0.0.1:{st.metrics_ports['worker']}/metrics"
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(url)).text
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("tw_requests_finished_total{")
+    )
+
+
+async def published_ids(st: Stack, wanted: set[str]) -> set[str]:
+    """Request ids on the requests topic, read until all of ``wanted`` are seen (or 5 s)."""
+
+    def ids(values: list[bytes]) -> set[str]:
+        return {GenerateRequest.model_validate_json(v).request_id for v in values}
+
+    values = await read_topic(
+        st.env["TW_KAFKA_BOOTSTRAP"], st.names.requests, lambda v: wanted <= ids(v), 5.0
+    )
+    return ids(values)
+
+
+@pytest.fixture
+async def redis(stack: Stack) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(stack.env["TW_REDIS_URL"])
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def test_exact_hit_replays_the_stream(stack: Stack, redis: aioredis.Redis) -> None:
+    body = chat("Write the word list twice.")
+    cache1, rid1, first = await sse(stack, body)
+    await stored(stack, redis, "acme", 1)
+    finished = await worker_finished(stack)
+    cache2, rid2, second = await sse(stack, body)
+    assert (cache1, cache2) == ("miss", "exact")
+    assert rid1 != rid2 and first.count(b"data: ") > 3
+    assert normalised(second, rid2) == normalised(first, rid1)
+    # Resumable like any stream: the events after seq 2, from the replay log.
+    headers = {"Authorization": f"Bearer {ACME}", "Last-Event-ID": "2"}
+    async with httpx.AsyncClient(timeout=30, headers=headers) as http:
+        resumed = await http.get(stack.url() + f"/v1/requests/{rid2}/stream")
+    ids = [int(i) for i in re.findall(rb"^id: (\d+)$", resumed.content, re.M)]
+    assert ids and ids[0] == 3 and resumed.content.endswith(b"data: [DONE]\n\n")
+    # It never reached Kafka nor a worker; the miss did.
+    assert rid1 in await published_ids(stack, {rid1})
+    assert rid2 not in await published_ids(stack, {rid1})
+    assert await worker_finished(stack) == finished
+    # The same answer whole (not streamed) is a hit too, with usage filled in.
+    async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {ACME}"}) as h:
+        whole = await h.post(stack.url() + "/v1/chat/completions", json={**body, "stream": False})
+    assert whole.headers["x-tokenwire-cache"] == "exact"
+    assert orjson.loads(whole.content)["usage"]["completion_tokens"] > 0
+
+
+async def test_no_store_and_no_cache(stack: Stack, redis: aioredis.Redis) -> None:
+    body = chat("Name a module of the standard library.")
+    assert (await sse(stack, {**body, "cache": "no-store"}))[0] == "miss"
+    await asyncio.sleep(1.0)  # a stored answer would be there by now
+    first = await sse(stack, body)
+    assert first[0] == "miss"  # nothing was stored by no-store; this one is
+    await stored(stack, redis, "acme", 2)
+    finished = await worker_finished(stack)
+    fresh = await sse(stack, {**body, "cache": "no-cache"})
+    assert fresh[0] == "miss"
+    assert normalised(fresh[2], fresh[1]) == normalised(first[2], first[1])  # greedy
+    assert fresh[1] in await published_ids(stack, {fresh[1]})
+    assert await worker_finished(stack) > finished
+    assert (await sse(stack, body))[0] == "exact"
+
+
+async def test_sampled_requests_are_not_cached_unless_seeded(stack: Stack) -> None:
+    body = chat("Print a number.", temperature=0.8)
+    assert [(await sse(stack, body))[0] for _ in range(2)] == ["miss", "miss"]
+    seeded = {**body, "seed": 7}
+    assert (await sse(stack, seeded))[0] == "miss"
+    await asyncio.sleep(1.0)
+    assert (await sse(stack, seeded))[0] == "exact"
+
+
+async def test_semantic_hit_and_hard_negatives(stack: Stack, redis: aioredis.Redis) -> None:
+    first = await sse(stack, chat(QUESTION))
+    assert first[0] == "miss"
+    await asyncio.sleep(1.0)  # the worker stores the answer as it settles
+    para = await sse(stack, chat("What is the way to reverse a Python list?"))
+    assert para[0] == "semantic"
+    assert normalised(para[2], para[1]) == normalised(first[2], first[1])
+    for edit in (
+        "How do I not reverse a list in Python?",  # negation
+        "How do I reverse a list in Haskell?",  # another entity
+        "How do I reverse 2 lists in Python?",  # a number
+    ):
+        assert (await sse(stack, chat(edit)))[0] == "miss", edit
+    # Another sampling class, another conversation: no semantic hit either.
+    other_class = chat("What is the way to reverse a Python list?", max_tokens=5)
+    assert (await sse(stack, other_class))[0] == "miss"
+    with_system = chat("What is the way to reverse a Python list?")
+    with_system["messages"].insert(0, {"role": "system", "content": "Answer in French."})
+    assert (await sse(stack, with_system))[0] == "miss"
+
+
+async def test_tenants_never_share(stack: Stack, redis: aioredis.Redis) -> None:
+    body = chat("Which keyword defines a function?")
+    assert (await sse(stack, body, ACME))[0] == "miss"
+    await asyncio.sleep(1.0)
+    assert (await sse(stack, body, ACME))[0] == "exact"
+    # Tenant beta asks the same (storing nothing) and a paraphrase: both generated.
+    assert (await sse(stack, {**body, "cache": "no-store"}, BETA))[0] == "miss"
+    assert (await sse(stack, chat("What keyword defines a function?"), BETA))[0] == "miss"
+    assert (await sse(stack, chat("What keyword defines a function?"), ACME))[0] == "semantic"
+
+
+async def test_purge_then_redis_restart_rebuilds_the_semantic_index(
+    stack: Stack, redis: aioredis.Redis, redis_server: Server
+) -> None:
+    first = await sse(stack, chat("How do I open a file for reading?"), BETA)
+    assert first[0] != "exact"
+    await asyncio.sleep(1.0)
+    await asyncio.to_thread(redis_server.stop)
+    await asyncio.to_thread(redis_server.start)
+    # A fresh edge has an empty index: it rebuilds beta's from Redis and serves from it.
+    stack.start("edge", name="fresh")
+    await stack.wait_ready()
+    para = await sse(stack, chat("How can I open a file for reading?"), BETA, edge="fresh")
+    assert para[0] == "semantic"
+    assert normalised(para[2], para[1]) == normalised(first[2], first[1])
+    # A purge makes every answer of the tenant unreachable at once.
+    out = await asyncio.to_thread(_cli, stack, "cache", "purge", "--tenant", "beta")
+    assert out.returncode == 0, out.stderr
+    assert (await sse(stack, chat("How can I open a file for reading?"), BETA))[0] == "miss"
+    assert [k async for k in redis.scan_iter(match=stack.names.cache("beta", "x", "0", "*"))] == []
+
+
+def _cli(st: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        env=st.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
