@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from shared.retrieval.store import (
+    CorruptIndex,
     EmbedderMismatch,
     IndexStore,
     LoadedIndex,
@@ -92,13 +93,25 @@ class Retriever:
     def _current(self, name: str) -> LoadedIndex:
         version = self.store.current_version(name)
         loaded = self._loaded.get(name)
-        if loaded is None or loaded.manifest.version != version:
-            manifest = self.store.manifest(name, version)
-            if manifest.embedder != self.embedder.identity:
-                raise EmbedderMismatch(
-                    f"index {name!r} was built with embedder {manifest.embedder}; this server "
-                    f"embeds with {self.embedder.identity}"
-                )
-            loaded = self.store.load(name, version)
-            self._loaded[name] = loaded
+        if loaded is not None and loaded.manifest.version == version:
+            return loaded
+        try:
+            loaded = self._load(name, version)
+        except CorruptIndex:
+            # Two changes in a row may have pruned the version read a moment ago: a
+            # version that is no longer current is not an error, the current one is read.
+            newer = self.store.current_version(name)
+            if newer == version:
+                raise
+            loaded = self._load(name, newer)
+        self._loaded[name] = loaded
         return loaded
+
+    def _load(self, name: str, version: str) -> LoadedIndex:
+        manifest = self.store.manifest(name, version)
+        if manifest.embedder != self.embedder.identity:
+            raise EmbedderMismatch(
+                f"index {name!r} was built with embedder {manifest.embedder}; this server "
+                f"embeds with {self.embedder.identity}"
+            )
+        return self.store.load(name, version)

@@ -178,3 +178,19 @@ def test_passages_go_after_the_system_prompt_within_the_budget() -> None:
     assert bare_grounded.messages is not None and bare_grounded.messages[0].role == "system"
     prompt = ground(GenerateRequest(prompt="Q: beta?"), "kb", "v", chosen).prompt
     assert prompt is not None and prompt.endswith("\n\nQ: beta?") and "[1] beta" in prompt
+
+
+def test_a_version_pruned_while_read_gives_way_to_the_current(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, emb = IndexStore(tmp_path), HashEmbedder()
+    v1 = store.build("kb", _docs(2), emb.embed, emb.identity).version
+    store.add("kb", {"a": ["one"]}, emb.embed, emb.identity)
+    v3 = store.add("kb", {"b": ["two"]}, emb.embed, emb.identity).version
+    assert not (tmp_path / "kb" / v1).exists()  # only the two newest versions are kept
+    stale = iter([v1])  # a reader that read CURRENT just before two changes
+    real = store.current_version
+    monkeypatch.setattr(store, "current_version", lambda name: next(stale, None) or real(name))
+    (found,) = Retriever(store, lambda: emb).retrieve([Query("kb", "two", 1)])
+    assert isinstance(found, Found) and found.version == v3
+    assert found.passages[0].text == "two"
