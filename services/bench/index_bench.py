@@ -86,6 +86,7 @@ def size_row(n: int, seed: int = 0) -> dict[str, Any]:
         "build_s": round(build_s, 2),
         "query_p50_ms": round(p50, 3),
         "query_mean_ms": round(statistics.fmean(lat), 3),
+        "query_p99_ms": round(float(np.percentile(lat, 99)), 3),
         "recall_at_10": round(recall_at_k(got, ids[truth]), 4),
         "exact_p50_ms": round(exact_p50, 3),
         "speedup_vs_exact": round(exact_p50 / p50, 1),
@@ -130,7 +131,8 @@ def embed_rows(batches: tuple[int, ...] = (1, 16), rounds: int = 4) -> list[dict
 def run(args: argparse.Namespace) -> None:
     rows = []
     print(
-        f"{'vectors':>9} {'index':>12} {'nprobe':>6} {'build s':>8} {'p50 ms':>7} {'mean ms':>8} "
+        f"{'vectors':>9} {'index':>12} {'nprobe':>6} {'build s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'mean ms':>8} "
         f"{'recall@10':>9} {'exact p50 ms':>12} {'vs exact':>8}"
     )
     for n in args.sizes:
@@ -139,7 +141,8 @@ def run(args: argparse.Namespace) -> None:
         kind = f"ivf{r['nlist']}" if r["kind"] == "ivf" else "flat"
         print(
             f"{r['vectors']:>9} {kind:>12} {r['nprobe']:>6} {r['build_s']:>8} "
-            f"{r['query_p50_ms']:>7} {r['query_mean_ms']:>8} {r['recall_at_10']:>9} "
+            f"{r['query_p50_ms']:>7} {r['query_p99_ms']:>7} {r['query_mean_ms']:>8} "
+            f"{r['recall_at_10']:>9} "
             f"{r['exact_p50_ms']:>12} {r['speedup_vs_exact']:>7}x",
             flush=True,
         )
