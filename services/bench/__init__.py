@@ -1,7 +1,8 @@
 """Benchmarks that print ratios against baselines measured in the same run.
 
 One module per command: ``engine_bench`` (``tokenwire bench engine``), ``batcher_bench``,
-``edge_bench`` and ``e2e_bench``; the e2e benchmark's parts are ``workload``, ``drivers``,
+``edge_bench``, ``e2e_bench`` and ``index_bench`` (``tokenwire bench index``: FAISS and
+query embedding); the e2e benchmark's parts are ``workload``, ``drivers``,
 ``baselines``, ``prometheus`` and ``report``. Shared by all: ``cluster`` (service processes
 on one topic prefix, a recorder of token events), ``sse_client`` (cheap SSE clients) and
 ``stats`` (percentiles, the interval of a median).
