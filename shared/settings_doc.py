@@ -84,6 +84,21 @@ SCRIPT_SETTINGS: tuple[Row, ...] = (
         "Redis's memory cap (policy `noeviction`: writes past it fail, nothing is evicted)",
     ),
     Row(
+        "TW_REDIS_ACL",
+        "infra/redis.sh",
+        "`off`",
+        "`on`: the ACL users of `infra/redis-acl.conf`, one per service; the default user off",
+    ),
+    Row(
+        "TW_REDIS_ACL_DIR",
+        "infra/redis.sh",
+        "`$TW_RUN_DIR/redis-acl`",
+        "the ACL users' password files (`<user>.password`, made when missing, 0600)",
+    ),
+    Row("TW_REDIS_TLS", "infra/redis.sh", "`off`", "`on`: Redis's port speaks TLS only"),
+    Row("TW_REDIS_SERVER_CERT_FILE", "infra/redis.sh", "(empty)", "Redis's TLS certificate"),
+    Row("TW_REDIS_SERVER_KEY_FILE", "infra/redis.sh", "(empty)", "its private key"),
+    Row(
         "TW_REQUESTS_PARTITIONS",
         "infra scripts, `tokenwire topics`",
         "`4`",
@@ -130,6 +145,12 @@ SCRIPT_SETTINGS: tuple[Row, ...] = (
         "infra/bootstrap.sh",
         "`python3`",
         "the Python that creates the virtual environment",
+    ),
+    Row(
+        "TW_FAISS",
+        "infra/bootstrap.sh",
+        "`gpu` where `nvidia-smi` answers, else `cpu`",
+        "which FAISS build the virtual environment gets (`faiss-gpu` or `faiss-cpu`)",
     ),
     Row(
         "TW_WITH_TEST_TOOLS",

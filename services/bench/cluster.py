@@ -98,7 +98,7 @@ class Stack:
     async def wait_ready(self, within_s: float = 90.0, workers: int = 1) -> None:
         """Every edge answers /healthz and ``workers`` workers have a heartbeat."""
         deadline = time.monotonic() + within_s
-        client = aioredis.Redis.from_url(self.env["TW_REDIS_URL"])
+        client = self.settings.redis.client()
         try:
             async with httpx.AsyncClient() as http:
                 while time.monotonic() < deadline:
