@@ -197,13 +197,32 @@ ARCHS: dict[str, Arch] = {
         {"new_decoder_architecture": True, "num_kv_heads": 2, "alibi": False},
         note="KV groups expanded to every head",
     ),
+    "falcon-alibi": Arch(
+        "falcon",
+        (1, 16, 2),
+        FULL2,
+        {"new_decoder_architecture": False, "multi_query": True, "alibi": True},
+        note="alibi biases built by the runner",
+    ),
+    "bloom": Arch(
+        "bloom",
+        (4, 16, 2),
+        FULL2,
+        {"n_layer": 2, "n_head": 4},
+        context=1 << 30,
+        note="alibi, eager attention; no position limit (the KV budget bounds a request)",
+    ),
     "olmoe": Arch("olmoe", (4, 16, 2), FULL2, {"num_experts": 4, "num_experts_per_tok": 2}),
 }
 
 # Configs the engine must refuse at load, with the feature its message names.
 REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
-    "falcon-alibi": ("falcon", {"alibi": True, "new_decoder_architecture": False}, "alibi"),
-    "bloom": ("bloom", {"n_layer": 2, "n_head": 4}, "outside the tested matrix"),
+    "mpt": ("mpt", {"n_layers": 2, "n_heads": 4, "d_model": 64}, "outside the tested matrix"),
+    "qwen2-unknown-layer-type": (
+        "qwen2",
+        {"num_hidden_layers": 2, "layer_types": ["full_attention", "chunked_attention"]},
+        "layer types",
+    ),
 }
 
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
-from services.worker.engine.layout import SUPPORTED, UnsupportedModel
+from services.worker.engine.layout import SUPPORTED, UnsupportedModel, attention_layout
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import Status
 from services.worker.loader import load_model
@@ -60,7 +60,8 @@ def test_logits_of_mixed_batches_equal_a_plain_forward_pass(
     lengths = prompt_lengths(arch.context, rng, 6)
     seqs = [[rng.randrange(3, VOCAB) for _ in range(n + NEW)] for n in lengths]
     per_seq = -(-max(len(s) for s in seqs) // BLOCK)
-    runner = ModelRunner(model, per_seq * len(seqs), BLOCK)
+    groups = len(attention_layout(model.config).groups)  # KV groups: a block table each
+    runner = ModelRunner(model, per_seq * len(seqs) * groups, BLOCK)
     with torch.inference_mode():
         want = [model(torch.tensor([s])).logits[0].float() for s in seqs]
     done = [0] * len(seqs)
@@ -74,8 +75,12 @@ def test_logits_of_mixed_batches_equal_a_plain_forward_pass(
         for i in pick:
             n = 1 if decode else rng.randint(1, 24)
             n = min(n, len(seqs[i]) - done[i])
-            blocks = list(range(i * per_seq, (i + 1) * per_seq))
+            tables = [
+                list(range((i * groups + g) * per_seq, (i * groups + g + 1) * per_seq))
+                for g in range(groups)
+            ]
             key = (i, 0) if decode or n == 1 else None
+            blocks = tables if groups > 1 else tables[0]
             items.append(RunItem(seqs[i][done[i] : done[i] + n], done[i], blocks, key))
         got = runner.forward(items)
         for row, (i, it) in enumerate(zip(pick, items, strict=True)):
@@ -134,11 +139,18 @@ def test_greedy_through_the_engine_equals_generate(
     assert runner.layout.windows == arch.windows
     assert len(runner.k_pool) == len(runner.v_pool) == layers
     assert runner.k_pool[0].shape[2:] == (kv_heads, head_dim)
-    per_token = 2 * layers * kv_heads * head_dim * 4  # fp32
+    per_layer = 2 * kv_heads * head_dim * 4  # fp32 keys and values of one token
+    # Interleaved sliding and full layers: a token costs only the full layers for good
+    # (the sliding ones hold a window), and a block holds one group's layers.
+    mixed = len(set(arch.windows)) > 1
+    kept = arch.windows.count(None) if mixed and None in arch.windows else layers
+    per_token = per_layer * kept
     assert runner.bytes_per_token == engine.stats.kv_bytes_per_token == per_token
+    group = len(runner.layout.groups[0])
+    assert runner.block_bytes == per_layer * group * BLOCK
     assert engine.max_context == arch.context
     sized = Engine(model, tok, EngineConfig(kv_budget_bytes=1 << 20, block_size=BLOCK))
-    assert sized.stats.kv_blocks == (1 << 20) // (per_token * BLOCK)
+    assert sized.stats.kv_blocks == (1 << 20) // (per_layer * group * BLOCK)
 
 
 @pytest.mark.parametrize("name", [n for n, a in ARCHS.items() if None not in a.windows])
@@ -166,6 +178,46 @@ def test_a_sequence_of_a_sliding_window_model_holds_a_window_of_blocks(
         f"blocks of {BLOCK} (whole history: {full})"
     )
     assert engine.stats.kv_peak_used_blocks <= bound < full
+
+
+INTERLEAVED = [n for n, a in ARCHS.items() if None in a.windows and len(set(a.windows)) > 1]
+
+
+@pytest.mark.parametrize("name", INTERLEAVED)
+def test_sliding_layers_of_an_interleaved_model_cost_only_their_window(
+    name: str, folders: Path, model_dir: str
+) -> None:
+    """The bytes of 16 blocks of every layer (one table for all layers: 16 * BLOCK tokens
+    at most) hold, as KV groups, the full groups' blocks for the whole request and each
+    sliding group's window of blocks: exactly the longest request that arithmetic allows is
+    admitted and served exactly, one token more is refused."""
+    arch = ARCHS[name]
+    model, tok = load(name, folders, model_dir)
+    kv_heads, head_dim, layers = arch.kv
+    per_layer = 2 * kv_heads * head_dim * 4  # fp32 keys and values of one token
+    budget, chunk = 16 * BLOCK * per_layer * layers, 24
+    config = EngineConfig(kv_budget_bytes=budget, block_size=BLOCK, prefill_chunk=chunk)
+    engine = Engine(model, tok, config)
+    groups = engine.runner.layout.groups
+    blocks = budget // (per_layer * len(groups[0]) * BLOCK)
+    assert engine.stats.kv_blocks == blocks
+    full = sum(1 for g in groups if arch.windows[g[0]] is None)
+    sliding = len(groups) - full
+    window_blocks = -(-(WINDOW - 1 + chunk) // BLOCK) + 1
+    longest = (blocks - sliding * window_blocks) // full * BLOCK
+    print(
+        f"{name}: {longest} tokens admitted, {16 * BLOCK} in one table ({longest / (16 * BLOCK):.2f}x)"
+    )
+    assert longest > 16 * BLOCK
+    rng = random.Random(15)
+    prompt = [rng.randrange(3, VOCAB) for _ in range(longest - NEW)]
+    engine.add_request(EngineRequest("longest", prompt, max_tokens=NEW, ignore_eos=True))
+    engine.add_request(EngineRequest("over", [*prompt, 5], max_tokens=NEW, ignore_eos=True))
+    tokens, finals = collect(engine.run_until_idle())
+    assert "KV budget" in (finals["over"].error or "")
+    assert tokens["longest"] == reference(model, prompt, NEW)
+    held = -(-longest // BLOCK) * full + window_blocks * sliding
+    assert engine.stats.kv_peak_used_blocks <= held <= blocks
 
 
 @pytest.mark.parametrize("name", list(REFUSED))

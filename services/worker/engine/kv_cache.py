@@ -11,6 +11,12 @@ With a ``window`` (a model whose every layer attends to the last ``window`` posi
 only), a block that has fallen behind the window of every position still to be computed
 is released as soon as the sequence moves past it: its table keeps a ``HOLE`` at that
 index, and a sequence holds about a window of blocks however long it grows.
+
+A model that interleaves sliding and full-attention layers (Gemma 2/3, Qwen 2 with sliding
+layers) has one manager per *layer group* (``LayerGroupsKV``), all drawing on one
+``BlockPool``: each group keeps its own block tables and prefix index, the sliding groups
+release what falls behind their window, and a prefix hit counts only as far as every group
+has the blocks it needs to go on from there (a sliding group only those in the window).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from shared.prefix_hash import AFFINITY_DEPTH, chain_hash
 
@@ -36,13 +43,15 @@ class _Block:
     hash: int | None = None
     tokens: tuple[int, ...] = ()
     depth: int = 0  # position of the block in its chain (0: the first block of a prompt)
+    index: dict[int, int] | None = None  # the prefix index it is registered in
 
 
 @dataclass(frozen=True, slots=True)
 class KVBlocks:
-    """What the model runner needs of one sequence: its block table (opaque to the scheduler)."""
+    """What the model runner needs of one sequence (opaque to the scheduler): its block
+    table, or one table per layer group (``LayerGroupsKV``)."""
 
-    block_ids: tuple[int, ...]
+    block_ids: tuple[int, ...] | tuple[tuple[int, ...], ...]
 
 
 @dataclass(slots=True)
@@ -58,16 +67,73 @@ class KVStats:
     evictions: int = 0
 
 
+class BlockPool:
+    """The blocks, their reference counts and the free list (least recently freed first,
+    uncached blocks before cached ones), shared by the managers of one model's layer groups."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError("num_blocks must be positive")
+        self.blocks = [_Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.stats = KVStats(num_blocks=num_blocks)
+        self.cached = 0  # blocks registered in some prefix index
+
+    def ref(self, bid: int) -> None:
+        block = self.blocks[bid]
+        if block.ref == 0:
+            self.free.pop(bid, None)
+        block.ref += 1
+
+    def unref(self, bid: int) -> None:
+        block = self.blocks[bid]
+        block.ref -= 1
+        if block.ref == 0:
+            self.free[bid] = None
+            if block.hash is None:
+                self.free.move_to_end(bid, last=False)  # uncached: reuse first
+
+    def take(self) -> int:
+        """A free block, evicted from its prefix index if it was cached."""
+        bid, _ = self.free.popitem(last=False)
+        block = self.blocks[bid]
+        if block.hash is not None:
+            if block.index is not None:
+                block.index.pop(block.hash, None)
+            block.hash, block.tokens, block.index = None, (), None
+            self.cached -= 1
+            self.stats.evictions += 1
+        block.ref = 1
+        return bid
+
+    def register(
+        self, bid: int, index: dict[int, int], h: int, chunk: tuple[int, ...], depth: int
+    ) -> None:
+        block = self.blocks[bid]
+        block.hash, block.tokens, block.depth, block.index = h, chunk, depth, index
+        index[h] = bid
+        self.cached += 1
+
+    def note_usage(self) -> None:
+        used = len(self.blocks) - len(self.free)
+        self.stats.used_blocks = used
+        self.stats.peak_used_blocks = max(self.stats.peak_used_blocks, used)
+        self.stats.cached_blocks = self.cached
+
+
 @dataclass
 class KVCacheManager:
-    """Owns the KV block pool: every sequence's block table, the prefix cache's hash index, the free list."""
+    """Owns one layer group's KV blocks (every layer, for most models): every sequence's
+    block table and the prefix cache's hash index, over its own ``BlockPool`` or one it
+    shares with the model's other layer groups."""
 
     num_blocks: int
     block_size: int = 16
     enable_prefix_cache: bool = True
     window: int | None = None  # every layer's attention window; None: the whole history
-    _blocks: list[_Block] = field(init=False)
-    _free: OrderedDict[int, None] = field(init=False)  # ref == 0, oldest first
+    pool: BlockPool | None = None  # shared with other layer groups; None: a pool of its own
+    count_queries: bool = True  # False when the groups' owner counts prefix queries once
+    _pool: BlockPool = field(init=False)
     _by_hash: dict[int, int] = field(init=False)
     _tables: dict[str, list[int]] = field(init=False)
     stats: KVStats = field(init=False)
@@ -75,11 +141,18 @@ class KVCacheManager:
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
-        self._blocks = [_Block(i) for i in range(self.num_blocks)]
-        self._free = OrderedDict((i, None) for i in range(self.num_blocks))
+        self._pool = self.pool if self.pool is not None else BlockPool(self.num_blocks)
         self._by_hash = {}
         self._tables = {}
-        self.stats = KVStats(num_blocks=self.num_blocks)
+        self.stats = self._pool.stats
+
+    @property
+    def _blocks(self) -> list[_Block]:
+        return self._pool.blocks
+
+    @property
+    def _free(self) -> OrderedDict[int, None]:
+        return self._pool.free
 
     # --- queries -------------------------------------------------------------------------
     @property
@@ -99,42 +172,76 @@ class KVCacheManager:
     def holds(self, seq_id: str) -> bool:
         return seq_id in self._tables
 
-    def cached_prefix_blocks(self, token_ids: Sequence[int]) -> list[int]:
-        """Block ids of the longest cached prefix of ``token_ids``, leaving at least the
-        last token uncomputed (its logits are needed to sample the next token)."""
+    def cached_prefix_blocks(self, token_ids: Sequence[int], limit: int | None = None) -> list[int]:
+        """Block ids of the longest cached prefix of ``token_ids`` (at most ``limit``
+        blocks), leaving at least the last token uncomputed (its logits are needed to
+        sample the next token). With a window, blocks behind the prefix's window need not
+        be cached: they are ``HOLE`` when they are not."""
         if not self.enable_prefix_cache:
             return []
-        hits: list[int] = []
+        present = self._present(token_ids)
+        usable = self.usable_prefixes(token_ids, present)
+        n = max(i for i, ok in enumerate(usable[: None if limit is None else limit + 1]) if ok)
+        return [HOLE if b is None else b for b in present[:n]]
+
+    def usable_prefixes(
+        self, token_ids: Sequence[int], present: list[int | None] | None = None
+    ) -> list[bool]:
+        """``usable[n]``: the cache holds every block this group needs to compute
+        ``token_ids`` on from block ``n`` (the first ``n`` blocks, or with a window only
+        those the window of position ``n * block_size`` reaches into)."""
+        if not self.enable_prefix_cache:
+            return [True]
+        if present is None:
+            present = self._present(token_ids)
+        usable, run = [True], 0
+        for i, bid in enumerate(present):
+            run = run + 1 if bid is not None else 0
+            n = i + 1
+            usable.append(run >= n - self._behind(n * self.block_size))
+        return usable
+
+    def _present(self, token_ids: Sequence[int]) -> list[int | None]:
+        """For each full block before the last token, the cached block holding it (token
+        ids verified) or None; without a window, up to the first miss."""
+        found: list[int | None] = []
         parent: int | None = None
         bs = self.block_size
         for start in range(0, len(token_ids) - 1 - bs + 1, bs):
             chunk = tuple(token_ids[start : start + bs])
             h = chain_hash(parent, chunk)
+            parent = h
             bid = self._by_hash.get(h)
             if bid is None or self._blocks[bid].tokens != chunk:
-                break
-            hits.append(bid)
-            parent = h
-        return hits
+                if self.window is None:
+                    break
+                bid = None
+            found.append(bid)
+        return found
 
     def summary_hashes(self, limit: int, max_depth: int = AFFINITY_DEPTH) -> list[int]:
         """Hashes of cached leading blocks (chain depth < ``max_depth``) for routing:
         blocks in use first, then the most recently freed."""
-        used = [b for b in self._blocks if b.ref > 0 and b.hash is not None]
+        mine = self._by_hash
+        used = [b for b in self._blocks if b.ref > 0 and b.index is mine]
         recent = [self._blocks[i] for i in reversed(self._free)]
-        ranked = [b for b in used + recent if b.hash is not None and b.depth < max_depth]
+        ranked = [b for b in used + recent if b.index is mine and b.depth < max_depth]
         return [b.hash for b in ranked[:limit] if b.hash is not None]
 
     # --- allocation ----------------------------------------------------------------------
     def can_allocate(self, seq_id: str, token_ids: Sequence[int], upto: int) -> bool:
         """Whether the sequence's table can be extended to hold ``upto`` tokens."""
-        return self._blocks_needed(seq_id, token_ids, upto) <= len(self._free)
+        return self.blocks_needed(seq_id, token_ids, upto) <= len(self._free)
 
-    def _blocks_needed(self, seq_id: str, token_ids: Sequence[int], upto: int) -> int:
+    def blocks_needed(
+        self, seq_id: str, token_ids: Sequence[int], upto: int, hit_limit: int | None = None
+    ) -> int:
+        """Free blocks that extending the table to ``upto`` tokens takes (a cached prefix
+        of at most ``hit_limit`` blocks attached first)."""
         table = self._tables.get(seq_id)
         if table is not None:
             return max(0, self.blocks_for(upto) - len(table))
-        hits = self.cached_prefix_blocks(token_ids)
+        hits = self.cached_prefix_blocks(token_ids, hit_limit)
         kept = hits[self._behind(len(hits) * self.block_size) :]
         hits_free = sum(1 for b in kept if self._blocks[b].ref == 0)
         return max(0, self.blocks_for(upto) - len(hits)) + hits_free
@@ -153,28 +260,32 @@ class KVCacheManager:
             return whole
         return min(whole, self.blocks_for(self.window - 1 + chunk) + 1)
 
-    def allocate(self, seq_id: str, token_ids: Sequence[int], upto: int) -> int:
+    def allocate(
+        self, seq_id: str, token_ids: Sequence[int], upto: int, hit_limit: int | None = None
+    ) -> int:
         """Extend the sequence's table to hold ``upto`` tokens. On the first allocation the
-        cached prefix is attached; returns the number of tokens it covers."""
-        if not self.can_allocate(seq_id, token_ids, upto):
+        cached prefix (at most ``hit_limit`` blocks) is attached; returns the number of
+        tokens it covers."""
+        if self.blocks_needed(seq_id, token_ids, upto, hit_limit) > len(self._free):
             raise OutOfBlocks(f"{seq_id}: no room for {upto} tokens")
         hit_tokens = 0
         table = self._tables.get(seq_id)
         if table is None:
             table = []
-            hits = self.cached_prefix_blocks(token_ids)
-            self.stats.prefix_queries += 1
+            hits = self.cached_prefix_blocks(token_ids, hit_limit)
             behind = self._behind(len(hits) * self.block_size)
             table.extend([HOLE] * behind)  # hits behind the window: never read
             for bid in hits[behind:]:
-                self._ref(bid)
+                self._pool.ref(bid)
                 table.append(bid)
             hit_tokens = len(hits) * self.block_size
-            self.stats.prefix_hit_tokens += hit_tokens
+            if self.count_queries:
+                self.stats.prefix_queries += 1
+                self.stats.prefix_hit_tokens += hit_tokens
             self._tables[seq_id] = table
         while len(table) < self.blocks_for(upto):
-            table.append(self._take_free())
-        self._note_usage()
+            table.append(self._pool.take())
+        self._pool.note_usage()
         return hit_tokens
 
     def commit(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None:
@@ -190,54 +301,147 @@ class KVCacheManager:
                 parent = h
                 if table[i] == HOLE:
                     continue
-                block = self._blocks[table[i]]
-                if block.hash is None and h not in self._by_hash:
-                    block.hash, block.tokens, block.depth = h, chunk, i
-                    self._by_hash[h] = block.block_id
-            self.stats.cached_blocks = len(self._by_hash)
+                if self._blocks[table[i]].hash is None and h not in self._by_hash:
+                    self._pool.register(table[i], self._by_hash, h, chunk, i)
+            self.stats.cached_blocks = self._pool.cached
         if self.window is not None:
             # Position p attends to (p - window, p]: blocks wholly before the first
             # position the next query sees are never read again.
             for i in range(min(self._behind(num_computed), len(table))):
                 if table[i] != HOLE:
-                    self._unref(table[i])
+                    self._pool.unref(table[i])
                     table[i] = HOLE
-            self._note_usage()
+            self._pool.note_usage()
 
     def free(self, seq_id: str) -> None:
         """Release the sequence's blocks; full ones stay cached until evicted."""
         for bid in reversed(self._tables.pop(seq_id, [])):
             if bid != HOLE:
-                self._unref(bid)
-        self._note_usage()
+                self._pool.unref(bid)
+        self._pool.note_usage()
 
-    # --- internals -------------------------------------------------------------------------
-    def _ref(self, bid: int) -> None:
-        block = self._blocks[bid]
-        if block.ref == 0:
-            self._free.pop(bid, None)
-        block.ref += 1
 
-    def _unref(self, bid: int) -> None:
-        block = self._blocks[bid]
-        block.ref -= 1
-        if block.ref == 0:
-            self._free[bid] = None
-            if block.hash is None:
-                self._free.move_to_end(bid, last=False)  # uncached: reuse first
+class KVCache(Protocol):
+    """What the scheduler and the engine use of a KV manager: ``KVCacheManager`` (one
+    layer group) or ``LayerGroupsKV`` (several)."""
 
-    def _take_free(self) -> int:
-        bid, _ = self._free.popitem(last=False)
-        block = self._blocks[bid]
-        if block.hash is not None:
-            self._by_hash.pop(block.hash, None)
-            block.hash, block.tokens = None, ()
-            self.stats.evictions += 1
-        block.ref = 1
-        return bid
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def stats(self) -> KVStats: ...
+    def table(self, seq_id: str) -> KVBlocks: ...
+    def cached_prefix_blocks(self, token_ids: Sequence[int]) -> list[int]: ...
+    def summary_hashes(self, limit: int, max_depth: int = AFFINITY_DEPTH) -> list[int]: ...
+    def can_allocate(self, seq_id: str, token_ids: Sequence[int], upto: int) -> bool: ...
+    def allocate(self, seq_id: str, token_ids: Sequence[int], upto: int) -> int: ...
+    def commit(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None: ...
+    def free(self, seq_id: str) -> None: ...
+    def max_blocks(self, num_tokens: int, chunk: int) -> int: ...
 
-    def _note_usage(self) -> None:
-        used = self.num_blocks - len(self._free)
-        self.stats.used_blocks = used
-        self.stats.peak_used_blocks = max(self.stats.peak_used_blocks, used)
-        self.stats.cached_blocks = len(self._by_hash)
+
+class LayerGroupsKV:
+    """The KV of a model whose layers attend over different windows: one
+    ``KVCacheManager`` per layer group (``windows[g]``: group ``g``'s window, None for
+    the whole history), every group drawing on one ``BlockPool`` of ``num_blocks``.
+
+    A block holds ``block_size`` tokens of one group's layers, so a full-attention group
+    takes a block per ``block_size`` tokens of a sequence and a sliding group about a
+    window of blocks however long the sequence grows. A prefix hit covers the longest
+    prefix that every group can go on from."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_cache: bool,
+        windows: Sequence[int | None],
+    ) -> None:
+        if not windows:
+            raise ValueError("at least one layer group")
+        self.pool = BlockPool(num_blocks)
+        self.groups = [
+            KVCacheManager(
+                num_blocks, block_size, enable_prefix_cache, w, pool=self.pool, count_queries=False
+            )
+            for w in windows
+        ]
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.stats = self.pool.stats
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.pool.free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def table(self, seq_id: str) -> KVBlocks:
+        """One block table per group, in the groups' order."""
+        return KVBlocks(self.group_tables(seq_id))
+
+    def group_tables(self, seq_id: str) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(g._tables.get(seq_id, ())) for g in self.groups)
+
+    def holds(self, seq_id: str) -> bool:
+        return self.groups[0].holds(seq_id)
+
+    def _hit_blocks(self, token_ids: Sequence[int]) -> int:
+        """The longest prefix (in blocks) every group holds what it needs to go on from."""
+        usable = [g.usable_prefixes(token_ids) for g in self.groups]
+        shortest = min(len(u) for u in usable)
+        return max(n for n in range(shortest) if all(u[n] for u in usable))
+
+    def cached_prefix_blocks(self, token_ids: Sequence[int]) -> list[int]:
+        """The first group's blocks of the prefix every group can go on from (its length
+        is what the scheduler reads)."""
+        n = self._hit_blocks(token_ids)
+        return self.groups[0].cached_prefix_blocks(token_ids, n)[:n]
+
+    def summary_hashes(self, limit: int, max_depth: int = AFFINITY_DEPTH) -> list[int]:
+        return self.groups[0].summary_hashes(limit, max_depth)
+
+    def _needed(self, seq_id: str, token_ids: Sequence[int], upto: int) -> tuple[int, int]:
+        n = self._hit_blocks(token_ids) if not self.holds(seq_id) else 0
+        return n, sum(g.blocks_needed(seq_id, token_ids, upto, n) for g in self.groups)
+
+    def can_allocate(self, seq_id: str, token_ids: Sequence[int], upto: int) -> bool:
+        return self._needed(seq_id, token_ids, upto)[1] <= len(self.pool.free)
+
+    def allocate(self, seq_id: str, token_ids: Sequence[int], upto: int) -> int:
+        """Extend every group's table to ``upto`` tokens (attaching the common cached
+        prefix first); returns the tokens the prefix covers."""
+        first = not self.holds(seq_id)
+        n, needed = self._needed(seq_id, token_ids, upto)
+        if needed > len(self.pool.free):
+            raise OutOfBlocks(f"{seq_id}: no room for {upto} tokens")
+        if first:  # every group's hits are held before any group takes (evicts) a block
+            for g in self.groups:
+                g.allocate(seq_id, token_ids, n * self.block_size, n)
+            self.stats.prefix_queries += 1
+            self.stats.prefix_hit_tokens += n * self.block_size
+        for g in self.groups:
+            g.allocate(seq_id, token_ids, upto)
+        return n * self.block_size if first else 0
+
+    def commit(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        for g in self.groups:
+            g.commit(seq_id, token_ids, num_computed)
+
+    def free(self, seq_id: str) -> None:
+        for g in self.groups:
+            g.free(seq_id)
+
+    def max_blocks(self, num_tokens: int, chunk: int) -> int:
+        """The most blocks a sequence ever holds, over all groups."""
+        return sum(g.max_blocks(num_tokens, chunk) for g in self.groups)
+
+
+def kv_cache_for(
+    windows: Sequence[int | None], num_blocks: int, block_size: int, enable_prefix_cache: bool
+) -> KVCache:
+    """The KV manager of a model with one layer group per entry of ``windows``."""
+    if len(windows) == 1:
+        return KVCacheManager(num_blocks, block_size, enable_prefix_cache, window=windows[0])
+    return LayerGroupsKV(num_blocks, block_size, enable_prefix_cache, windows)

@@ -10,6 +10,7 @@ and the feature: wrong tokens are never served.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,8 @@ SUPPORTED: dict[str, str] = {
     "gpt2": "GPT-2 (learned positions)",
     "gpt_neox": "GPT-NeoX / Pythia",
     "opt": "OPT (learned positions)",
-    "falcon": "Falcon (rotary; alibi refused)",
+    "falcon": "Falcon (rotary or alibi)",
+    "bloom": "BLOOM (alibi)",
     "olmoe": "OLMoE",
 }
 
@@ -69,6 +71,24 @@ class AttentionLayout:
     def max_window(self) -> int | None:
         """The longest window of any layer; None when a layer attends to everything."""
         return None if None in self.windows else max(w for w in self.windows if w is not None)
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """The layers in KV groups of equal size, each group's layers of one window: all
+        layers in one group when they share a window; else, per window, its layers in runs
+        of the greatest common divisor of the windows' layer counts (Gemma 2, one sliding
+        layer per full one: two groups of half the layers). Each group keeps its own block
+        tables in one shared pool, so a sliding group holds a window of blocks."""
+        by_window: dict[int | None, list[int]] = {}
+        for layer, w in enumerate(self.windows):
+            by_window.setdefault(w, []).append(layer)
+        size = math.gcd(*(len(ls) for ls in by_window.values()))
+        return tuple(
+            tuple(ls[i : i + size]) for ls in by_window.values() for i in range(0, len(ls), size)
+        )
+
+    def group_window(self, group: tuple[int, ...]) -> int | None:
+        return self.windows[group[0]]
 
 
 def attention_implementation(config: Any, supports_sdpa: bool) -> str:
@@ -106,8 +126,6 @@ def attention_layout(config: Any) -> AttentionLayout:
 
 def _refusal(config: Any) -> str | None:
     """A feature of the config the runner cannot reproduce, or None."""
-    if getattr(config, "alibi", False):
-        return "alibi position biases"
     impl = getattr(config, "_attn_implementation", None)
     if impl not in (None, "sdpa", "eager"):
         return f"attention implementation {impl!r} (the runner passes its own masks: sdpa or eager)"

@@ -29,12 +29,13 @@ does after its LM head (final-logit softcapping) is kept.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from services.worker.engine.alibi import alibi_forward
 from services.worker.engine.kv_cache import HOLE
 from services.worker.engine.layout import AttentionLayout, UnsupportedModel, attention_layout
 
@@ -42,7 +43,9 @@ from services.worker.engine.layout import AttentionLayout, UnsupportedModel, att
 @dataclass(frozen=True, slots=True)
 class RunItem:
     """Tokens ``token_ids`` at positions ``start, start+1, …`` of a sequence with blocks
-    ``block_ids``; KV for positions before ``start`` is already in those blocks.
+    ``block_ids``; KV for positions before ``start`` is already in those blocks. For a
+    model with several KV layer groups (``ModelRunner.group_windows``), ``block_ids`` holds
+    one block table per group.
 
     ``row_key`` names the sequence across steps (unique per admission of a request), so a
     decoding row can keep its dense KV copy from one step to the next; without it the
@@ -50,7 +53,7 @@ class RunItem:
 
     token_ids: Sequence[int]
     start: int
-    block_ids: Sequence[int]
+    block_ids: Sequence[Any]
     row_key: Hashable | None = None
 
 
@@ -64,14 +67,16 @@ class _PagedCache:
     def __init__(
         self,
         pools: Pools,
-        write_blocks: torch.Tensor,
+        group_of: Sequence[int],
+        write_blocks: list[torch.Tensor],
         write_offsets: torch.Tensor,
         write_rows: torch.Tensor,
         write_cols: torch.Tensor,
-        gather: torch.Tensor | None,
+        gather: list[torch.Tensor] | None,
         kv_len: int,
     ) -> None:
         self.k_pool, self.v_pool = pools
+        self.group_of = group_of  # layer → its KV group; write_blocks and gather per group
         self.write_blocks, self.write_offsets = write_blocks, write_offsets
         self.write_rows, self.write_cols = write_rows, write_cols
         self.gather = gather  # [rows, blocks_per_row]; None: the new tokens are all there is
@@ -81,18 +86,21 @@ class _PagedCache:
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = []
+        group = self.group_of[layer_idx]
         for pool, new in (
             (self.k_pool[layer_idx], key_states),
             (self.v_pool[layer_idx], value_states),
         ):
             # new: [rows, heads, q, dim] → the valid (row, q) tokens into their slots.
-            pool[self.write_blocks, self.write_offsets] = new[self.write_rows, :, self.write_cols]
+            pool[self.write_blocks[group], self.write_offsets] = new[
+                self.write_rows, :, self.write_cols
+            ]
             if self.gather is None:
                 out.append(new)
                 continue
-            rows, nblk = self.gather.shape
+            rows, nblk = self.gather[group].shape
             # index_select on a flat index is several times faster than pool[gather] on CPU.
-            full = pool.index_select(0, self.gather.view(-1))
+            full = pool.index_select(0, self.gather[group].view(-1))
             full = full.view(rows, nblk * pool.shape[1], pool.shape[2], pool.shape[3])
             out.append(full[:, : self.kv_len].transpose(1, 2))
         return out[0], out[1]
@@ -109,13 +117,15 @@ class _DenseCache:
         self,
         pools: Pools,
         dense: Pools,
-        write_blocks: torch.Tensor,
+        group_of: Sequence[int],
+        write_blocks: list[torch.Tensor],
         write_offsets: torch.Tensor,
         positions: torch.Tensor,
         kv_len: int,
     ) -> None:
         self.k_pool, self.v_pool = pools
         self.k_dense, self.v_dense = dense
+        self.group_of = group_of  # layer → its KV group; write_blocks per group
         self.write_blocks, self.write_offsets = write_blocks, write_offsets
         self.positions = positions  # [rows]: where row r's new token goes (row r = slot r)
         self.rows = torch.arange(len(positions), device=positions.device)
@@ -125,12 +135,13 @@ class _DenseCache:
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = []
+        blocks = self.write_blocks[self.group_of[layer_idx]]
         for pool, dense, new in (
             (self.k_pool[layer_idx], self.k_dense[layer_idx], key_states),
             (self.v_pool[layer_idx], self.v_dense[layer_idx], value_states),
         ):
             token = new[:, :, 0]  # [rows, heads, dim]
-            pool[self.write_blocks, self.write_offsets] = token
+            pool[blocks, self.write_offsets] = token
             dense[self.rows, :, self.positions] = token
             out.append(dense[: len(self.rows), :, : self.kv_len])
         return out[0], out[1]
@@ -165,9 +176,15 @@ class _DecodeSlots:
     shrink_floor = 1 << 12
 
     def __init__(
-        self, layers: int, kv_heads: int, head_dim: int, block_size: int, limit_tokens: int
+        self,
+        group_of: Sequence[int],
+        kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        limit_tokens: int,
     ) -> None:
-        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.group_of = group_of  # layer → the KV group whose block table it reads
+        self.layers, self.kv_heads, self.head_dim = len(group_of), kv_heads, head_dim
         self.block_size = block_size
         self.limit_tokens = limit_tokens
         self.release()
@@ -179,7 +196,13 @@ class _DecodeSlots:
         self.keys: list[Hashable | None] = []
         self.lengths: list[int] = []
 
-    def place(self, items: Sequence[RunItem], pools: Pools, like: torch.Tensor) -> list[int] | None:
+    def place(
+        self,
+        items: Sequence[RunItem],
+        pools: Pools,
+        like: torch.Tensor,
+        tables: Callable[[RunItem], Sequence[Sequence[int]]],
+    ) -> list[int] | None:
         """Give every item a slot in ``0 … len(items)-1`` holding its KV before ``start`` and
         return each item's slot; None (and nothing held) when the rows don't fit the limit."""
         rows, need = len(items), max(it.start for it in items) + 1
@@ -190,7 +213,8 @@ class _DecodeSlots:
         slot, kept, loads = self._assign(items)
         self._fit(size, rows, need, [(kept[i], slot[i]) for i in kept], like)
         if loads:
-            self._load([items[i] for i in loads], [slot[i] for i in loads], pools)
+            picked = [items[i] for i in loads]
+            self._load(picked, [slot[i] for i in loads], pools, [tables(it) for it in picked])
         self.keys = [None] * self.slots
         self.lengths = [0] * self.slots
         for i, it in enumerate(items):
@@ -276,18 +300,27 @@ class _DecodeSlots:
                     b[dst, :, :n] = o.index_select(0, src)[:, :, :n]
         self.slots, self.capacity = slots, cap
 
-    def _load(self, items: list[RunItem], slots: list[int], pools: Pools) -> None:
-        """Copy the items' KV before ``start`` from their pool blocks into their slots."""
+    def _load(
+        self,
+        items: list[RunItem],
+        slots: list[int],
+        pools: Pools,
+        tables: list[Sequence[Sequence[int]]],
+    ) -> None:
+        """Copy the items' KV before ``start`` from their pool blocks (``tables``: each
+        item's block table per KV group) into their slots."""
         bs = self.block_size
         nblk = max(1, max(-(-it.start // bs) for it in items))
-        table = [_padded(it.block_ids, nblk) for it in items]
         device = self.k[0].device
-        gather = torch.tensor(table, dtype=torch.long, device=device).view(-1)
+        gathers = [
+            torch.tensor([_padded(t[g], nblk) for t in tables], dtype=torch.long, device=device)
+            for g in range(len(tables[0]))
+        ]
         dst = torch.tensor(slots, dtype=torch.long, device=device)
         rows = len(items)
         for pool_list, dense_list in ((pools[0], self.k), (pools[1], self.v)):
-            for pool, dense in zip(pool_list, dense_list, strict=True):
-                blocks = pool.index_select(0, gather)
+            for layer, (pool, dense) in enumerate(zip(pool_list, dense_list, strict=True)):
+                blocks = pool.index_select(0, gathers[self.group_of[layer]].view(-1))
                 blocks = blocks.view(rows, nblk * bs, self.kv_heads, self.head_dim)
                 # Positions past a row's start are stale, but masked and finite.
                 dense[dst, :, : nblk * bs] = blocks.transpose(1, 2)
@@ -311,23 +344,44 @@ class ModelRunner:
         # a cache passed under a name the model ignores would silently be dropped.
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._alibi = alibi_forward(model)
         kv_heads, head_dim = self._kv_shape()
         layers = len(self.layout.windows)
         self.kv_heads, self.head_dim = kv_heads, head_dim
-        self.bytes_per_token = 2 * layers * kv_heads * head_dim * param.element_size()
+        # KV groups (layout.groups): a block holds block_size tokens of one group's layers;
+        # layer j of every group shares one pool tensor, each group using its own blocks.
+        groups = self.layout.groups
+        self.group_windows = tuple(self.layout.group_window(g) for g in groups)
+        self._group_of, slot_of = [0] * layers, [0] * layers
+        for g, members in enumerate(groups):
+            for j, layer in enumerate(members):
+                self._group_of[layer], slot_of[layer] = g, j
+        per_layer = 2 * kv_heads * head_dim * param.element_size()  # one token, keys and values
+        self.block_bytes = per_layer * len(groups[0]) * block_size
+        # What a token costs in the layers that keep it for the sequence's life: every layer
+        # in one group; the full-attention layers when sliding ones hold only their window.
+        kept = [layer for g in groups if self.layout.group_window(g) is None for layer in g]
+        self.bytes_per_token = per_layer * (len(kept) if len(groups) > 1 and kept else layers)
         if budget_bytes is not None:
-            num_blocks = max(1, budget_bytes // (self.bytes_per_token * block_size))
+            num_blocks = max(1, budget_bytes // self.block_bytes)
         self.num_blocks = num_blocks
         shape = (num_blocks, block_size, kv_heads, head_dim)
         # Zeros, not empty: padded slots are masked out, but NaN garbage would leak through
         # the value product (0 * NaN).
-        self.k_pool = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(layers)
-        ]
-        self.v_pool = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(layers)
-        ]
-        self._slots = _DecodeSlots(layers, kv_heads, head_dim, block_size, num_blocks * block_size)
+        k_slots, v_slots = (
+            [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in groups[0]]
+            for _ in range(2)
+        )
+        self.k_pool = [k_slots[slot_of[layer]] for layer in range(layers)]
+        self.v_pool = [v_slots[slot_of[layer]] for layer in range(layers)]
+        # The dense copies hold every layer's whole history: sized so they never exceed
+        # the pool's bytes.
+        limit = num_blocks * block_size * len(groups[0]) // layers
+        self._slots = _DecodeSlots(self._group_of, kv_heads, head_dim, block_size, limit)
+
+    def _tables(self, item: RunItem) -> Sequence[Sequence[int]]:
+        """The item's block table of each KV group."""
+        return item.block_ids if len(self.group_windows) > 1 else (item.block_ids,)
 
     @torch.inference_mode()
     def _kv_shape(self) -> tuple[int, int]:
@@ -335,14 +389,7 @@ class ModelRunner:
         configs name them differently (Falcon's ``num_kv_heads``, multi-query flags)."""
         probe = _ShapeProbe()
         one = torch.zeros((1, 1), dtype=torch.long, device=self.device)
-        self.model(
-            input_ids=one,
-            position_ids=one,
-            attention_mask=self._mask(one, 1),
-            **{self._cache_arg: probe},
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        self._run(one, one, 1, probe, 1)
         layout, shapes = self.layout, set(probe.shapes.values())
         if len(probe.shapes) != len(layout.windows):
             raise UnsupportedModel(
@@ -360,12 +407,8 @@ class ModelRunner:
         q]``): column ``c`` is seen iff ``pos - window < c <= pos``. One per layer type when
         the layers' windows differ. Boolean for SDPA; additive for eager attention, which
         adds the mask to the scores."""
-        cols = torch.arange(kv_len, device=positions.device).view(1, 1, 1, -1)
-        pos = positions.view(positions.shape[0], 1, positions.shape[1], 1)
-        causal = cols <= pos
-        built: dict[int | None, torch.Tensor] = {}
-        for window in set(self.layout.windows):
-            seen = causal if window is None else causal & (cols > pos - window)
+        built = self._seen(positions, kv_len)
+        for window, seen in built.items():
             if self._eager:
                 blocked = torch.finfo(self.dtype).min
                 seen = torch.zeros(seen.shape, dtype=self.dtype, device=seen.device).masked_fill(
@@ -378,6 +421,15 @@ class ModelRunner:
             t: built[w] for t, w in zip(self.layout.layer_types, self.layout.windows, strict=True)
         }
 
+    def _seen(self, positions: torch.Tensor, kv_len: int) -> dict[int | None, torch.Tensor]:
+        """For each window of the layout, which columns the queries see (boolean)."""
+        cols = torch.arange(kv_len, device=positions.device).view(1, 1, 1, -1)
+        pos = positions.view(positions.shape[0], 1, positions.shape[1], 1)
+        causal = cols <= pos
+        return {
+            w: causal if w is None else causal & (cols > pos - w) for w in set(self.layout.windows)
+        }
+
     def forget_rows(self) -> None:
         """Drop the decoding rows' dense KV copies (after a failed pass): each is loaded
         again from the pool, which stays the source of truth."""
@@ -387,7 +439,9 @@ class ModelRunner:
     def forward(self, items: Sequence[RunItem]) -> torch.Tensor:
         """Logits of the last token of each item, shape ``[len(items), vocab]``."""
         if all(len(it.token_ids) == 1 and it.row_key is not None for it in items):
-            slot = self._slots.place(items, (self.k_pool, self.v_pool), self.k_pool[0])
+            slot = self._slots.place(
+                items, (self.k_pool, self.v_pool), self.k_pool[0], self._tables
+            )
             if slot is not None:
                 return self._decode(items, slot)
         return self._prefill(items)
@@ -402,28 +456,25 @@ class ModelRunner:
             order[s] = i
         ids = [items[i].token_ids[0] for i in order]
         pos = [items[i].start for i in order]
-        blocks = [items[i].block_ids[p // bs] for i, p in zip(order, pos, strict=True)]
+        tables = [self._tables(items[i]) for i in order]
+        blocks = [
+            [t[g][p // bs] for t, p in zip(tables, pos, strict=True)]
+            for g in range(len(self.group_windows))
+        ]
         # One host→device copy for all the small index vectors.
-        host = torch.tensor([ids, pos, blocks, [p % bs for p in pos]], dtype=torch.long)
-        ids_t, pos_t, blk_t, off_t = host.to(dev).unbind(0)
+        host = torch.tensor([ids, pos, [p % bs for p in pos], *blocks], dtype=torch.long)
+        ids_t, pos_t, off_t, *blk_t = host.to(dev).unbind(0)
         kv_len = max(pos) + 1
-        mask = self._mask(pos_t.view(rows, 1), kv_len)
         cache = _DenseCache(
             (self.k_pool, self.v_pool),
             (self._slots.k, self._slots.v),
+            self._group_of,
             blk_t,
             off_t,
             pos_t,
             kv_len,
         )
-        logits = self.model(
-            input_ids=ids_t.view(rows, 1),
-            position_ids=pos_t.view(rows, 1),
-            attention_mask=mask,
-            **{self._cache_arg: cache},
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, 0]
+        logits = self._run(ids_t.view(rows, 1), pos_t.view(rows, 1), kv_len, cache, 1)[:, 0]
         return logits.float()[torch.tensor(slot, device=dev)]
 
     def _prefill(self, items: Sequence[RunItem]) -> torch.Tensor:
@@ -446,27 +497,41 @@ class ModelRunner:
         w_rows, w_cols = valid.nonzero(as_tuple=True)
         w_pos = positions[w_rows, w_cols]
         nblk = -(-kv_len // bs)
-        table = torch.tensor([_padded(it.block_ids, nblk) for it in items], dtype=torch.long)
-        w_blocks = table[w_rows, w_pos // bs]
+        tables = [self._tables(it) for it in items]
+        by_group = [
+            torch.tensor([_padded(t[g], nblk) for t in tables], dtype=torch.long)
+            for g in range(len(self.group_windows))
+        ]
         cache = _PagedCache(
             (self.k_pool, self.v_pool),
-            w_blocks.to(dev),
+            self._group_of,
+            [table[w_rows, w_pos // bs].to(dev) for table in by_group],
             (w_pos % bs).to(dev),
             w_rows.to(dev),
             w_cols.to(dev),
-            None if fresh else table.to(dev),
+            None if fresh else [table.to(dev) for table in by_group],
             kv_len,
         )
-        positions = positions.to(dev)
-        logits = self.model(
-            input_ids=input_ids.to(dev),
+        keep = (lens_t - 1).view(rows, 1).to(dev)  # each row's last token
+        logits = self._run(input_ids.to(dev), positions.to(dev), kv_len, cache, keep)[:, 0]
+        return logits.float()
+
+    def _run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_len: int, cache: Any, keep: Any
+    ) -> torch.Tensor:
+        """The model's logits ``[rows, kept, vocab]`` for tokens at ``positions`` over KV
+        columns ``0 … kv_len-1`` held by ``cache``."""
+        if self._alibi is not None:  # no sliding windows there: one mask
+            (seen,) = self._seen(positions, kv_len).values()
+            return self._alibi(input_ids, positions, seen, cache, keep)
+        return self.model(
+            input_ids=input_ids,
             position_ids=positions,
             attention_mask=self._mask(positions, kv_len),
             **{self._cache_arg: cache},
             use_cache=True,
-            logits_to_keep=(lens_t - 1).view(rows, 1).to(dev),  # each row's last token
-        ).logits[:, 0]
-        return logits.float()
+            logits_to_keep=keep,
+        ).logits
 
 
 def _padded(block_ids: Sequence[int], n: int) -> list[int]:

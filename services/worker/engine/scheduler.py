@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from services.worker.engine.kv_cache import KVCacheManager
+from services.worker.engine.kv_cache import KVCache
 from services.worker.engine.request import SeqState, Status
 
 
@@ -55,7 +55,7 @@ class StepPlan:
 class Scheduler:
     """Decides, each step, which sequences run and how many tokens each processes."""
 
-    def __init__(self, kv: KVCacheManager, config: SchedulerConfig) -> None:
+    def __init__(self, kv: KVCache, config: SchedulerConfig) -> None:
         self.kv = kv
         self.config = config
         self.waiting: list[SeqState] = []  # kept sorted by (priority, arrival)
