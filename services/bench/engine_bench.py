@@ -3,7 +3,8 @@
 Rows: tokens/s at several concurrencies (fixed prompt and output lengths, greedy, EOS
 ignored) for ``generate`` one request at a time, ``generate`` on static batches,
 transformers' continuous batching (``generate_batch``) and this engine; the engine's TTFT;
-and a shared-prefix workload with the prefix cache on and off.
+a shared-prefix workload with the prefix cache on and off; and requests asking for
+log-probabilities, or constrained to a JSON schema, against the same requests plain.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from services.bench.stats import pct
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
+from services.worker.engine.grammar import GrammarCache
 
 
 @dataclass
@@ -126,11 +128,18 @@ def hf_generate_batch(
 
 
 def engine_run(
-    model: Any, tok: Any, prompts: list[list[int]], new: int, cfg: EngineConfig, **ask: Any
+    model: Any,
+    tok: Any,
+    prompts: list[list[int]],
+    new: int,
+    cfg: EngineConfig,
+    grammars: GrammarCache | None = None,
+    **ask: Any,
 ) -> tuple[float, list[float]]:
     """tokens/s and per-request TTFT (s) with all prompts submitted at once; ``ask``: more
-    ``EngineRequest`` fields for every request (e.g. ``logprobs``)."""
-    engine = Engine(model, tok, cfg)
+    ``EngineRequest`` fields for every request (e.g. ``logprobs``); ``grammars``: compiled
+    grammars kept from an earlier run, as a worker keeps them."""
+    engine = Engine(model, tok, cfg, grammars)
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
         engine.add_request(EngineRequest(f"r{i}", p, max_tokens=new, ignore_eos=True, **ask))
@@ -272,7 +281,61 @@ def _features(
         plain.append(engine_run(model, tok, prompts, cfg.new_tokens, ecfg)[0])
         logprobs.append(engine_run(model, tok, prompts, cfg.new_tokens, ecfg, logprobs=5)[0])
     p, lp = statistics.median(plain), statistics.median(logprobs)
-    return {"concurrency": n, "plain_tok_s": p, "logprobs_tok_s": lp, "logprobs_vs_plain": lp / p}
+    row = {"concurrency": n, "plain_tok_s": p, "logprobs_tok_s": lp, "logprobs_vs_plain": lp / p}
+    return {**row, **_constrained(model, tok, cfg, ecfg, prompts)}
+
+
+# Records of a few typed fields, at least as many as fill the output: every request is
+# constrained for all of its tokens and ends at max_tokens, as the plain ones do.
+BENCH_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "minItems": 1000,
+    "items": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 9999},
+            "name": {"type": "string", "maxLength": 12},
+            "kind": {"enum": ["alpha", "beta", "gamma"]},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+        },
+        "required": ["id", "name", "kind", "score", "tags"],
+    },
+}
+
+
+def _constrained(
+    model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig, prompts: list[list[int]]
+) -> dict[str, Any]:
+    """Greedy requests constrained to ``BENCH_SCHEMA`` against the same requests plain
+    greedy, alternating rounds, medians; and the schema's first compile (later requests
+    hit the cache)."""
+    structure = ("json_schema", json.dumps(BENCH_SCHEMA))
+    grammars = GrammarCache.for_tokenizer(tok, model.get_input_embeddings().num_embeddings)
+    t0 = time.perf_counter()
+    grammars.get(*structure)
+    compile_ms = 1000 * (time.perf_counter() - t0)
+    greedy = [engine_run(model, tok, prompts, cfg.new_tokens, ecfg)[0]]
+    constrained: list[float] = []
+    for _ in range(FEATURE_ROUNDS):
+        constrained.append(
+            engine_run(model, tok, prompts, cfg.new_tokens, ecfg, grammars, structure=structure)[0]
+        )
+        greedy.append(engine_run(model, tok, prompts, cfg.new_tokens, ecfg)[0])
+    g, c = statistics.median(greedy), statistics.median(constrained)
+    return {
+        "greedy_tok_s": g,
+        "json_schema_tok_s": c,
+        "json_schema_vs_greedy": c / g,
+        # Each constrained round against the greedy rounds just before and after it: on a
+        # machine shared with other work, the median of these ratios drifts less than the
+        # ratio of the medians.
+        "json_schema_vs_greedy_paired": statistics.median(
+            run / ((before + after) / 2)
+            for run, before, after in zip(constrained, greedy, greedy[1:], strict=False)
+        ),
+        "json_schema_compile_ms": compile_ms,
+    }
 
 
 def print_table(rep: Report) -> None:
@@ -305,4 +368,11 @@ def print_table(rep: Report) -> None:
         print(
             f"logprobs (5 alternatives) at {ft['concurrency']} streams: {f(ft['logprobs_tok_s'])} "
             f"vs {f(ft['plain_tok_s'])} tok/s plain ({ft['logprobs_vs_plain']:.2f}x)"
+        )
+        print(
+            f"JSON-schema constrained at {ft['concurrency']} streams: "
+            f"{f(ft['json_schema_tok_s'])} vs {f(ft['greedy_tok_s'])} tok/s plain greedy "
+            f"({ft['json_schema_vs_greedy']:.2f}x, paired rounds "
+            f"{ft['json_schema_vs_greedy_paired']:.2f}x; first compile "
+            f"{ft['json_schema_compile_ms']:.0f} ms)"
         )

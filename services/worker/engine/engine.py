@@ -19,7 +19,7 @@ from services.worker.engine.grammar import (
     GrammarError,
     apply_constraints,
 )
-from services.worker.engine.kv_cache import kv_cache_for
+from services.worker.engine.kv_cache import KVCacheManager
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import SeqState, Status
 from services.worker.engine.sampler import SamplingConfig, adjust, make_generator, sample
@@ -128,7 +128,13 @@ class _Live:
 class Engine:
     """Continuous batching over a Hugging Face causal LM with prefix KV reuse."""
 
-    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: EngineConfig = EngineConfig(),
+        grammars: GrammarCache | None = None,
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.runner = ModelRunner(
@@ -138,9 +144,11 @@ class Engine:
             budget_bytes=config.kv_budget_bytes,
         )
         num_blocks = self.runner.num_blocks
-        # One KV manager per layer group (sliding layers hold only their window).
-        self.kv = kv_cache_for(
-            self.runner.group_windows, num_blocks, config.block_size, config.enable_prefix_cache
+        self.kv = KVCacheManager(
+            num_blocks,
+            config.block_size,
+            config.enable_prefix_cache,
+            window=self.runner.layout.max_window,
         )
         self.scheduler = Scheduler(
             self.kv,
@@ -154,7 +162,8 @@ class Engine:
         self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
-        self._grammars: GrammarCache | None = None  # built with the first constrained request
+        # Built with the first constrained request, unless shared (engines of one model).
+        self._grammars = grammars
         self.stats = EngineStats(
             kv_blocks=num_blocks,
             block_size=config.block_size,
