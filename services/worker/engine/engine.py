@@ -19,7 +19,7 @@ from services.worker.engine.grammar import (
     GrammarError,
     apply_constraints,
 )
-from services.worker.engine.kv_cache import KVCacheManager
+from services.worker.engine.kv_cache import kv_cache_for
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import SeqState, Status
 from services.worker.engine.sampler import SamplingConfig, adjust, make_generator, sample
@@ -144,11 +144,9 @@ class Engine:
             budget_bytes=config.kv_budget_bytes,
         )
         num_blocks = self.runner.num_blocks
-        self.kv = KVCacheManager(
-            num_blocks,
-            config.block_size,
-            config.enable_prefix_cache,
-            window=self.runner.layout.max_window,
+        # One KV manager per layer group (sliding layers hold only their window).
+        self.kv = kv_cache_for(
+            self.runner.group_windows, num_blocks, config.block_size, config.enable_prefix_cache
         )
         self.scheduler = Scheduler(
             self.kv,
