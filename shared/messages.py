@@ -404,6 +404,12 @@ class WorkerHeartbeat(Wire):
         description="leading blocks of a prompt the prefix hashes reach (0: not advertised, an "
         "older worker; a batcher routes to a worker only if it matches its own)",
     )
+    context_tokens: int = Field(
+        0,
+        ge=0,
+        description="the served model's context length: an edge without the model folder "
+        "checks prompts and max_tokens against it (0: not advertised)",
+    )
 
 
 class BatcherStatus(Wire):

@@ -3,6 +3,7 @@ that every service agrees on them."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,15 @@ def served_context(config: Mapping[str, Any]) -> int | None:
             if original:
                 context = min(context or int(original), int(original))
     return context
+
+
+@functools.lru_cache(maxsize=8)
+def folder_context(model_dir: str) -> int | None:
+    """``served_context`` of a model folder's ``config.json`` (None without one)."""
+    path = Path(model_dir) / "config.json"
+    if not model_dir or not path.exists():
+        return None
+    return served_context(json.loads(path.read_text()))
 
 
 def _rope_parameters(config: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:

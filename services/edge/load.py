@@ -2,7 +2,8 @@
 
 Batchers advertise ``BatcherStatus`` in the live-member registry (short-lived keys and an
 index, no keyspace scan); the edge sums them every ``refresh_s`` and sheds load (503) while the total queue exceeds the limit, before
-queues grow without bound.
+queues grow without bound. Workers' heartbeats, read at the same pace, give the served
+model's context length to an edge that has no model folder.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from redis.exceptions import RedisError
 
 from shared import registry
 from shared.codec import DecodeError, decode
-from shared.messages import BatcherStatus
+from shared.messages import BatcherStatus, WorkerHeartbeat
 from shared.names import Names
 from shared.retry import REDIS_DOWN
 
@@ -32,6 +33,8 @@ class Load:
     batchers: int = 0
     queued_requests: int = 0
     queued_tokens: int = 0
+    # The smallest context the live workers advertise (None: none advertises one).
+    worker_context: int | None = None
 
 
 class LoadWatcher:
@@ -66,8 +69,23 @@ class LoadWatcher:
             batchers=len(statuses),
             queued_requests=sum(s.queued_requests for s in statuses),
             queued_tokens=sum(s.queued_tokens for s in statuses),
+            worker_context=await self._worker_context(),
         )
         return self.current
+
+    async def _worker_context(self) -> int | None:
+        n = self._names
+        contexts = []
+        for raw in await registry.read_live(
+            self._redis, n.workers_index, n.heartbeat, STATUS_TTL_S
+        ):
+            try:
+                hb = decode(WorkerHeartbeat, raw)
+            except DecodeError:
+                continue
+            if hb.context_tokens > 0:
+                contexts.append(hb.context_tokens)
+        return min(contexts) if contexts else self.current.worker_context
 
     async def _run(self) -> None:
         while True:

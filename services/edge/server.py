@@ -23,4 +23,7 @@ def serve(settings: EdgeSettings) -> None:
         log_level="warning",
         timeout_graceful_shutdown=settings.shutdown_grace_s,
         access_log=False,
+        # A WebSocket message has the HTTP body limit (uvicorn's default is 16 MiB): a
+        # larger one closes the socket with 1009, message too big.
+        ws_max_size=settings.max_body_bytes,
     )

@@ -239,7 +239,8 @@ async def _count(st: EdgeState, body: CompletionBody | ChatBody) -> int:
 def _max_tokens(
     st: EdgeState, body: CompletionBody | ChatBody, prompt_tokens: int, chat: bool
 ) -> int:
-    context = st.model.context
+    # The model folder's context, else the one the live workers advertise.
+    context = st.model.context or st.load.current.worker_context
     limit = st.settings.max_tokens_limit or context
     asked = body.requested_max_tokens()
     param = (

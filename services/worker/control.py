@@ -18,6 +18,7 @@ from services.worker.requests import Phase
 from shared import registry
 from shared.codec import DecodeError, decode, encode
 from shared.messages import CancelRequest, WorkerHeartbeat
+from shared.model_config import folder_context
 from shared.prefix_hash import AFFINITY_DEPTH
 from shared.retry import REDIS_DOWN
 
@@ -131,6 +132,7 @@ def heartbeat_of(
         prefix_hashes=summary,
         block_size=st.block_size,
         affinity_depth=AFFINITY_DEPTH,
+        context_tokens=folder_context(s.model_dir) or 0,
     )
 
 

@@ -19,10 +19,12 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
 
 from services.bench import cluster
 from services.edge.auth import KeyStore
 from shared.messages import Priority
+from shared.model_config import folder_context
 from tests.conftest import ROOT, new_prefix
 from tests.integration.conftest import ARTIFACTS
 from tests.integration.harness import Stack
@@ -57,8 +59,8 @@ class Secure:
 
 @pytest.fixture(scope="module")
 async def secure(infra: dict[str, str], model_dir: str) -> AsyncIterator[Secure]:
-    """A worker, a batcher and two edges ``a`` and ``b``, all with default settings but
-    the pepper: keys are required."""
+    """A worker, a batcher and edges ``a``, ``b`` (4 KiB bodies) and ``bare`` (no model
+    folder), all with default settings but those and the pepper: keys are required."""
     ARTIFACTS.mkdir(exist_ok=True)
     st = cluster.make_stack(new_prefix("keys"), infra, model_dir, ARTIFACTS)
     pepper = secrets.token_hex(32)
@@ -69,10 +71,11 @@ async def secure(infra: dict[str, str], model_dir: str) -> AsyncIterator[Secure]
     st.start("batcher")
     st.start("edge", name="a")
     st.start("edge", name="b", TW_MAX_BODY_BYTES="4096")
+    st.start("edge", name="bare", TW_MODEL_DIR="")  # knows the context from heartbeats only
     client = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
     store = KeyStore(client, st.names, {}, required=True, pepper=pepper.encode())
     try:
-        await st.wait_ready()
+        await st.wait_ready(within_s=180)  # four edges start at once on a busy machine
         yield Secure(st, client, store, pepper)
     finally:
         st.stop_all()
@@ -186,3 +189,39 @@ async def test_another_tenant_cannot_follow_resume_or_cancel(secure: Secure) -> 
                 await ws.send(orjson.dumps({"type": "cancel", "request_id": rid}))
                 frame = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
                 assert frame["type"] == "cancelled", frame
+
+
+async def test_websocket_messages_have_the_http_body_limit(secure: Secure) -> None:
+    key, _ = await secure.store.create("acme")
+    big = {**BODY, "prompt": "x" * 5000}
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.post(secure.url("b") + "/v1/completions", json=big, headers=auth(key))
+    assert r.status_code == 413, r.text
+    url = secure.url("b").replace("http://", "ws://") + "/v1/ws"
+    async with ws_connect(url, additional_headers=auth(key)) as ws:
+        await ws.send(orjson.dumps({"type": "completions", "body": BODY}))
+        assert orjson.loads(await ws.recv())["type"] == "request"
+        await ws.send(orjson.dumps({"type": "completions", "body": big}))
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await asyncio.wait_for(ws.recv(), 30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+async def test_an_edge_without_the_model_folder_checks_the_context(
+    secure: Secure, model_dir: str
+) -> None:
+    context = folder_context(model_dir)
+    assert context is not None
+    key, _ = await secure.store.create("acme")
+    url = secure.url("bare") + "/v1/completions"
+    async with httpx.AsyncClient(timeout=30) as http:
+        too_many = await http.post(url, json={**BODY, "max_tokens": context + 1}, headers=auth(key))
+        assert too_many.status_code == 400, too_many.text
+        assert too_many.json()["error"]["param"] == "max_tokens"
+        long = {**BODY, "prompt": "word " * context}  # estimated: more than the context
+        too_long = await http.post(url, json=long, headers=auth(key))
+        assert too_long.status_code == 400, too_long.text
+        assert too_long.json()["error"]["code"] == "context_length_exceeded"
+        fits = await http.post(url, json=BODY, headers=auth(key))
+        assert fits.status_code == 200, fits.text

@@ -118,7 +118,7 @@ async def stack(locked: Locked, infra: dict[str, str], model_dir: str) -> AsyncI
     for kind in ("worker", "batcher", "edge"):
         st.start(kind, **locked.login_env(f"tw-{kind}"))
     try:
-        await st.wait_ready()
+        await st.wait_ready(within_s=180)
         yield st
     finally:
         st.stop_all()
