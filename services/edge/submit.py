@@ -225,9 +225,10 @@ async def _count(st: EdgeState, body: CompletionBody | ChatBody) -> int:
         if isinstance(body, ChatBody):
             msgs = body.wire_messages()
             size = sum(len(m.content) for m in msgs)
+            tools = body.wire_tools()
             if size <= INLINE_TOKENIZE_CHARS:
-                return model.count_chat(msgs)
-            return await asyncio.to_thread(model.count_chat, msgs)
+                return model.count_chat(msgs, tools)
+            return await asyncio.to_thread(model.count_chat, msgs, tools)
         text = body.prompt_text()
         if len(text) <= INLINE_TOKENIZE_CHARS:
             return model.count_prompt(text)

@@ -40,6 +40,7 @@ async def generate(request: Request, who: Principal, body: CompletionBody | Chat
             created_of(req.request_id),
             token_ids=body.return_token_ids,
             token_text=st.model.token_text,
+            tools=isinstance(body, ChatBody) and body.calls_tools,
         ),
         who.tenant,
         cancel_on_disconnect=not body.resumable,
