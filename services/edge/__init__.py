@@ -19,9 +19,10 @@ Endpoints (``routes/``):
 - ``GET /v1/models``, ``/healthz`` (alive), ``/readyz`` (Kafka, Redis and pub/sub answer),
   ``/metrics`` (Prometheus), ``/chat`` (a chat page with a Stop button).
 
-Admission (``submit.py``): API keys (``auth.py``, stored as SHA-256 digests in
-``TW_API_KEYS`` or the Redis hash ``<prefix>:apikeys``; ``TW_AUTH=required`` makes them
-mandatory) → 400 for bad parameters (unknown model, max_tokens, prompt longer than the
+Admission (``submit.py``): API keys (``auth.py``: required unless ``TW_AUTH=off``, as in
+the demo; stored peppered in the Redis hash ``<prefix>:apikeys`` by ``tokenwire keys``, each
+with its tenant and policy; older SHA-256 digests in ``TW_API_KEYS`` still work) → 403/404
+for a priority or model the key may not use → 400 for bad parameters (unknown model, max_tokens, prompt longer than the
 context, counted with the model's tokenizer: ``model_info.py``) → 503 while the batchers'
 queues exceed ``TW_MAX_QUEUED_REQUESTS`` (``load.py``) → 429 from per-key token buckets
 (``ratelimit.py``) → the owner recorded, the stream subscribed and the request published

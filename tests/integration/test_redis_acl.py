@@ -145,6 +145,11 @@ async def test_pipeline_streams_with_acl_users_over_tls(locked: Locked, stack: S
         model=MODEL, prompt="The function returns", max_tokens=8, temperature=0
     )
     await client.close()
+    bogus = "twk-" + secrets.token_urlsafe(24)  # a refused key must not be logged either
+    refused = openai.AsyncOpenAI(base_url=stack.url("edge") + "/v1", api_key=bogus, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        await refused.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    await refused.close()
     assert "".join(texts) == whole.choices[0].text and len(whole.choices[0].text) > 0
     assert whole.usage is not None and 0 < whole.usage.completion_tokens <= 8
     logs = {n: (ARTIFACTS / f"{stack.prefix}-{n}.log").read_text() for n in stack.procs}
@@ -152,7 +157,7 @@ async def test_pipeline_streams_with_acl_users_over_tls(locked: Locked, stack: S
         assert "NOPERM" not in text and "NOAUTH" not in text, f"{name}:\n{text[-3000:]}"
 
     # No secret of this run in any log: the services', the CLI's and Redis's own.
-    secrets_used = {key, stack.env["TW_KEY_PEPPER"], *(locked.password(u) for u in USERS)}
+    secrets_used = {key, bogus, stack.env["TW_KEY_PEPPER"], *map(locked.password, USERS)}
     redis_log = Path(locked.server.env["TW_RUN_DIR"]) / "redis" / "redis.log"
     texts_seen = {**logs, "keys cli stderr": made.stderr, "redis": redis_log.read_text()}
     for name, text in texts_seen.items():
