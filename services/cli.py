@@ -465,6 +465,7 @@ def _add_bench_parser(sub: Subparsers) -> None:
     bsub.add_parser("edge", help="events/s one edge relays and the latency it adds")
     _add_bench_e2e_parser(bsub)
     _add_bench_index_parser(bsub)
+    _add_bench_cache_parser(bsub)
 
 
 def _add_bulk_parser(sub: Subparsers) -> None:
@@ -526,6 +527,22 @@ def _add_index_parser(sub: Subparsers) -> None:
     from services.retrieval.cli import add_parser
 
     add_parser(sub)
+
+
+def cmd_bench_cache(args: argparse.Namespace) -> None:
+    from services.bench.cache_bench import run as bench_cache
+
+    bench_cache(args, resolve_model_dir(os.environ.get("TW_MODEL_DIR", "")))
+
+
+def _add_bench_cache_parser(bsub: Subparsers) -> None:
+    from services.bench.cache_bench import add_options
+
+    bc = bsub.add_parser(
+        "cache", help="response caches: hit and miss TTFT, lookup cost, a mix with repeats"
+    )
+    add_options(bc)
+    bc.set_defaults(fn=cmd_bench_cache)
 
 
 def _add_cache_parser(sub: Subparsers) -> None:

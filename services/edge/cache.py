@@ -37,9 +37,8 @@ from shared.cache.keys import (
     model_identity,
     reproducible,
 )
-from shared.cache.store import read_entry, replay_events
+from shared.cache.store import replay_events
 from shared.codec import encode
-from shared.embedding import load_embedder
 from shared.messages import CacheResult, CacheStore, Completion, GenerateRequest
 from shared.names import Names
 from shared.retrieval.store import RetrievalError, index_version
@@ -75,6 +74,15 @@ class CacheMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
             registry=registry,
         )
+
+
+# KEYS[1]: the scope's generation counter; ARGV: the exact entries' key prefix, a digest.
+# The entry key is built from the generation read in the same call (a purge in between
+# cannot pair an old generation with a new entry).
+_READ_ENTRY = """
+local gen = redis.call('GET', KEYS[1]) or '0'
+return {gen, redis.call('GET', ARGV[1] .. ':' .. gen .. ':' .. ARGV[2])}
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +124,15 @@ class ResponseCache:
         raw = await self.redis.get(self.names.cache(scope, "gen"))
         return int(raw) if raw else 0
 
+    async def _read(self, scope: str, digest: str) -> tuple[int, bytes | None]:
+        """The scope's generation and the exact entry ``digest`` of it, in one round trip."""
+        gen_key = self.names.cache(scope, "gen")
+        entry_prefix = self.names.cache_exact(scope, 0, digest).rsplit(":", 2)[0]
+        raw_gen, entry = await self.redis.eval(
+            _READ_ENTRY, 1, gen_key, entry_prefix, digest
+        )
+        return int(raw_gen), entry
+
     async def lookup(self, req: GenerateRequest, mode: CacheMode, *, client_seeded: bool) -> Lookup:
         """Look ``req`` up; on a miss, the request to publish (asking its worker to store
         the answer unless ``no-store``). Redis trouble is a miss, never an error."""
@@ -141,9 +158,8 @@ class ResponseCache:
         self, req: GenerateRequest, mode: CacheMode, digest: str, retrieval_version: str | None
     ) -> Lookup:
         scope = self.scope(req.tenant)
-        gen = await self.generation(scope)
+        gen, entry = await self._read(scope, digest)
         if mode.looks_up:
-            entry = await read_entry(self.redis, self.names.cache_exact(scope, gen, digest))
             self.metrics.lookups.labels("exact", "hit" if entry else "miss").inc()
             if entry:
                 return Lookup(CacheResult.EXACT, req, entry)
@@ -239,10 +255,10 @@ def response_cache(
     """The edge's caches as its settings ask (the semantic one only when turned on)."""
     semantic = None
     if settings.semantic_cache:
-        from services.edge.semantic import EmbedBatcher, SemanticCache
+        from services.edge.semantic import EmbedBatcher, SemanticCache, load_single_threaded
 
-        model_dir = settings.embed_model_dir
+        model_dir = settings.embed_model_dir or None
         semantic = SemanticCache(
-            settings, redis, EmbedBatcher(lambda: load_embedder(model_dir or None))
+            settings, redis, EmbedBatcher(lambda: load_single_threaded(model_dir))
         )
     return ResponseCache(settings, redis, metrics.registry, semantic)

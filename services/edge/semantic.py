@@ -79,6 +79,21 @@ class ScopeIndex:
                 del self.meta[i]
 
 
+def load_single_threaded(model_dir: str | None) -> Embedder:
+    """The embedder, with torch and FAISS on one thread each in this process: a lookup
+    embeds one text and searches one vector, and on a busy host their thread pools cost
+    far more than they give (measured on 2 loaded cores: 529 ms per text with torch's 2
+    threads against 38 ms with one; a search 17 ms with 2 OpenMP threads, 0.015 ms with
+    one). The edge runs no other torch or FAISS work."""
+    import torch
+
+    from shared.embedding import load_embedder
+
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    return load_embedder(model_dir)
+
+
 class EmbedBatcher:
     """Embeds texts in a worker thread, one batch at a time: texts that arrive while a
     batch is computing go together in the next one, so a lone lookup is not held back

@@ -64,7 +64,7 @@ async def stack(
     st.start("batcher")
     st.start("edge")
     try:
-        await st.wait_ready()
+        await st.wait_ready(within_s=240)  # a worker loads in seconds, minutes on a busy host
         yield st
     finally:
         st.stop_all()
@@ -234,7 +234,7 @@ async def test_purge_then_redis_restart_rebuilds_the_semantic_index(
     await asyncio.to_thread(redis_server.start)
     # A fresh edge has an empty index: it rebuilds beta's from Redis and serves from it.
     stack.start("edge", name="fresh")
-    await stack.wait_ready()
+    await stack.wait_ready(within_s=240)
     para = await sse(stack, chat("How can I open a file for reading?"), BETA, edge="fresh")
     assert para[0] == "semantic"
     assert normalised(para[2], para[1]) == normalised(first[2], first[1])
