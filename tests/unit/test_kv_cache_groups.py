@@ -15,6 +15,7 @@ from services.worker.engine.kv_cache import (
     OutOfBlocks,
     kv_cache_for,
 )
+from shared.prefix_hash import AFFINITY_DEPTH
 
 BS = 4
 
@@ -69,6 +70,17 @@ def test_the_same_bytes_admit_more_tokens_than_one_table_for_every_layer() -> No
         done += 4
         kv.commit("s", ids, done)
     assert kv.stats.peak_used_blocks <= 32  # it never ran out
+
+
+def test_the_routing_summary_comes_from_a_full_group() -> None:
+    """A running sequence's leading blocks stay in the full group; the sliding group has
+    released them."""
+    kv = LayerGroupsKV(32, BS, True, [4, None])
+    ids = toks(0, 40)
+    kv.allocate("s", ids, 40)
+    kv.commit("s", ids, 40)
+    assert kv.summary_hashes(100) == kv.groups[1].summary_hashes(100)
+    assert len(kv.summary_hashes(100)) == min(10, AFFINITY_DEPTH)
 
 
 def test_a_hit_needs_only_the_window_of_a_sliding_group() -> None:

@@ -400,7 +400,10 @@ class LayerGroupsKV:
         return self.groups[0].cached_prefix_blocks(token_ids, n)[:n]
 
     def summary_hashes(self, limit: int, max_depth: int = AFFINITY_DEPTH) -> list[int]:
-        return self.groups[0].summary_hashes(limit, max_depth)
+        """The routing summary of a full-attention group (it keeps a prompt's leading
+        blocks while the sequence runs), else of the first group."""
+        full = [g for g in self.groups if g.window is None]
+        return (full or self.groups)[0].summary_hashes(limit, max_depth)
 
     def _needed(self, seq_id: str, token_ids: Sequence[int], upto: int) -> tuple[int, int]:
         n = self._hit_blocks(token_ids) if not self.holds(seq_id) else 0
