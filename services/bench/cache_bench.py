@@ -133,6 +133,14 @@ async def lookup_means(http: httpx.AsyncClient, url: str) -> dict[str, float]:
     return {k: round(sums[k] / counts[k] * 1000, 3) for k in sums if counts.get(k)}
 
 
+async def exact_hits(http: httpx.AsyncClient, url: str) -> float:
+    """The edge's count of exact-cache hits so far."""
+    for line in (await http.get(url + "/metrics")).text.splitlines():
+        if line.startswith('tw_cache_lookups_total{kind="exact",result="hit"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 async def mix_rate(stack: Stack, edge: str, total: int, concurrency: int, tokens: int) -> float:
     """Requests per second of a chat mix, 30% of it repeats of earlier requests."""
     tag = uuid.uuid4().hex[:6]
@@ -190,11 +198,15 @@ async def measure(args: argparse.Namespace, model_dir: str, log_dir: Path) -> di
         # Two rounds in mirrored order, so warm-up and drift in the machine's load fall on
         # every edge alike; each edge's rate is the mean of its two.
         runs: dict[str, list[float]] = {"off": [], "exact": [], "on": []}
-        for edge in ("off", "exact", "on", "on", "exact", "off"):
-            rate = await mix_rate(stack, edge, args.mix, args.concurrency, args.max_tokens)
-            runs[edge].append(rate)
+        async with httpx.AsyncClient(timeout=30) as http:
+            hits_before = await exact_hits(http, stack.url("exact"))
+            for edge in ("off", "exact", "on", "on", "exact", "off"):
+                rate = await mix_rate(stack, edge, args.mix, args.concurrency, args.max_tokens)
+                runs[edge].append(rate)
+            hits = await exact_hits(http, stack.url("exact")) - hits_before
         rates = {edge: sum(r) / len(r) for edge, r in runs.items()}
         report["mix_30pct_repeats"] = {
+            "exact_hits_per_run": hits / 2,
             "rps": {edge: round(r, 2) for edge, r in rates.items()},
             "exact_vs_off": round(rates["exact"] / rates["off"], 2),
             "exact_and_semantic_vs_off": round(rates["on"] / rates["off"], 2),
