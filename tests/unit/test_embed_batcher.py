@@ -1,0 +1,56 @@
+"""The edge's embedding batcher: lookups that arrive while a batch computes go together in
+the next one, each gets its own text's vector, and a failing embedder fails only the
+lookups of its batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from services.edge.semantic import EmbedBatcher
+
+
+class SlowEmbedder:
+    """Vectors from text lengths, each call taking a while (as a forward pass does)."""
+
+    identity = "fake"
+    dim = 2
+
+    def __init__(self, fail_on: str = "") -> None:
+        self.calls: list[list[str]] = []
+        self.fail_on = fail_on
+        self.gate = threading.Event()
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        self.gate.wait(0.2)
+        if self.fail_on in texts:
+            raise RuntimeError("embedder failed")
+        return np.array([[len(t), 1.0] for t in texts], dtype=np.float32)
+
+
+@pytest.mark.timeout(10)
+async def test_concurrent_lookups_share_batches() -> None:
+    fake = SlowEmbedder()
+    batcher = EmbedBatcher(lambda: fake)  # type: ignore[arg-type,return-value]
+    texts = ["a", "bb", "ccc", "dddd", "eeeee"]
+    first = asyncio.create_task(batcher.embed("z"))
+    await asyncio.sleep(0.05)  # the first batch is computing; the rest queue behind it
+    vectors = await asyncio.gather(*(batcher.embed(t) for t in texts))
+    await first
+    assert [int(v[0]) for v in vectors] == [1, 2, 3, 4, 5]
+    assert fake.calls == [["z"], texts]
+    assert (batcher.batches, batcher.texts) == (2, 6)
+
+
+@pytest.mark.timeout(10)
+async def test_a_failed_batch_fails_only_its_lookups() -> None:
+    fake = SlowEmbedder(fail_on="bad")
+    batcher = EmbedBatcher(lambda: fake)  # type: ignore[arg-type,return-value]
+    with pytest.raises(RuntimeError):
+        await batcher.embed("bad")
+    assert int((await batcher.embed("fine"))[0]) == 4
