@@ -225,3 +225,32 @@ async def test_an_edge_without_the_model_folder_checks_the_context(
         assert too_long.json()["error"]["code"] == "context_length_exceeded"
         fits = await http.post(url, json=BODY, headers=auth(key))
         assert fits.status_code == 200, fits.text
+
+
+async def test_schemathesis_without_a_key_finds_no_server_errors(secure: Secure) -> None:
+    """Every operation, called without a key on an edge that requires one: no 5xx."""
+    args = [
+        "run",
+        f"{secure.url('a')}/openapi.json",
+        "--checks=not_a_server_error",
+        "--max-examples=10",
+        "--seed=7",
+        "--workers=1",
+        "--phases=examples,fuzzing",
+        "--request-timeout=20",
+        "--suppress-health-check=all",
+        "--generation-database=none",
+        "--no-color",
+    ]
+    ARTIFACTS.mkdir(exist_ok=True)
+    proc = await asyncio.create_subprocess_exec(
+        str(ROOT / ".venv/bin/schemathesis"),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=ARTIFACTS,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 240)
+    report = out.decode(errors="replace")
+    (ARTIFACTS / "edge-schemathesis-no-key.txt").write_text(report)
+    assert proc.returncode == 0, report[-8000:]

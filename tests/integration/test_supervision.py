@@ -121,12 +121,12 @@ def own_stack(tmp_path: Path, model_dir: str) -> Iterator[OwnStack]:
             os.kill(pid, signal.SIGKILL)
 
 
-def _complete(port: int, prompt: str) -> str:
+def _complete(port: int, prompt: str, key: str) -> str:
     body = json.dumps({"model": "tokenwire-tiny", "prompt": prompt, "max_tokens": 4}).encode()
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions",
         data=body,
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", "authorization": f"Bearer {key}"},
     )
     with urllib.request.urlopen(req, timeout=60) as resp:
         return str(json.loads(resp.read())["choices"][0]["text"])
@@ -167,7 +167,9 @@ def test_a_killed_service_is_restarted_and_down_leaves_nothing(own_stack: OwnSta
     assert "restarts: 1, last exit 137" in status
 
     # The new batcher serves: a request goes through it to the worker and back.
-    assert _complete(st.edge_port, "The function returns")
+    # Keys are required (the default); `up` made the stack's development key.
+    key = (st.run_dir / "dev-api-key").read_text().strip()
+    assert _complete(st.edge_port, "The function returns", key)
 
     # `up` again changes nothing: one supervisor per service, the same processes.
     st.script("up")
