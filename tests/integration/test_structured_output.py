@@ -1,17 +1,22 @@
 """Structured output through the real stack with the official client: json_object and a
 strict json_schema (chat and completions, streamed and not), tools with each tool_choice
-(the call parses into the declared function's arguments), and the 400s for a schema that
-does not compile and a tool_choice naming an undeclared function."""
+(the call parses into the declared function's arguments), the 400s for a schema that
+does not compile and a tool_choice naming an undeclared function, and a bad grammar sent
+straight to Kafka ending in an error from the worker."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import jsonschema_rs
 import openai
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from shared.codec import decode, encode
+from shared.messages import Completion, GenerateRequest, ReplyTarget, SamplingParams, Structure
 from tests.integration.harness import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -204,3 +209,49 @@ async def test_bad_structures_are_400(stack: Stack) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         await api.chat.completions.create(model=MODEL, messages=ASK, tools=bad_tool)
     assert err.value.body["param"] == "tools"  # type: ignore[index]
+
+
+async def test_a_grammar_the_worker_cannot_compile_ends_in_an_error_not_a_crash(
+    stack: Stack,
+) -> None:
+    """A Kafka producer bypasses the edge's check: the worker answers that request with an
+    error and serves the next one."""
+    topic = stack.names.completions
+
+    def request(spec: str) -> GenerateRequest:
+        return GenerateRequest(
+            prompt="A person as JSON:",
+            sampling=SamplingParams(
+                max_tokens=120, temperature=0, structure=Structure(kind="json_schema", spec=spec)
+            ),
+            stream=False,
+            reply=ReplyTarget(kafka_topic=topic),
+        )
+
+    bad, good = request('{"type": "frob"}'), request(json.dumps(PERSON))
+    producer = AIOKafkaProducer(bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"], acks="all")
+    await producer.start()
+    try:
+        for r in (bad, good):
+            await producer.send_and_wait(stack.names.requests, encode(r), key=r.request_id.encode())
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"], auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    got: dict[str, Completion] = {}
+    try:
+        deadline = time.monotonic() + 90
+        while {bad.request_id, good.request_id} - got.keys() and time.monotonic() < deadline:
+            for msgs in (await consumer.getmany(timeout_ms=500)).values():
+                for m in msgs:
+                    c = decode(Completion, m.value)
+                    got[c.request_id] = c
+    finally:
+        await consumer.stop()
+    failed = got[bad.request_id]
+    assert failed.finish_reason == "error" and failed.error is not None
+    assert "frob" in failed.error.message
+    assert got[good.request_id].finish_reason == "stop"
+    jsonschema_rs.validate(PERSON, json.loads(got[good.request_id].text))
