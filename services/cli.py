@@ -567,6 +567,12 @@ def _add_bench_index_parser(bsub: Subparsers) -> None:
     bi.set_defaults(fn=cmd_bench_index)
 
 
+def _add_ops_parsers(sub: Subparsers) -> None:
+    from services.ops.dlq import add_parser as add_dlq_parser
+
+    add_dlq_parser(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokenwire", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -580,6 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_chaos_parser(sub)
     _add_index_parser(sub)
     _add_cache_parser(sub)
+    _add_ops_parsers(sub)
     add_keys_parser(sub)
     return p
 
