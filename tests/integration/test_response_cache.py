@@ -19,6 +19,7 @@ import httpx
 import orjson
 import pytest
 import redis.asyncio as aioredis
+from websockets.asyncio.client import connect as ws_connect
 
 from services.bench import cluster
 from services.edge.auth import hash_key
@@ -109,6 +110,17 @@ async def stored(st: Stack, redis: aioredis.Redis, tenant: str, count: int) -> N
     raise AssertionError(f"{tenant} has fewer than {count} cached answers")
 
 
+async def ws_answer(st: Stack, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every message of one chat request over the WebSocket, up to ``done``."""
+    url = st.url().replace("http://", "ws://") + "/v1/ws"
+    frames: list[dict[str, Any]] = []
+    async with ws_connect(url, additional_headers={"Authorization": f"Bearer {ACME}"}) as ws:
+        await ws.send(orjson.dumps({"type": "chat.completions", "body": payload}))
+        while not frames or frames[-1]["type"] not in ("done", "error"):
+            frames.append(orjson.loads(await asyncio.wait_for(ws.recv(), 30)))
+    return [f for f in frames if f["type"] != "usage"]
+
+
 async def worker_finished(st: Stack) -> float:
     url = f"http://127.0.0.1:{st.metrics_ports['worker']}/metrics"
     async with httpx.AsyncClient() as http:
@@ -160,6 +172,16 @@ async def test_exact_hit_replays_the_stream(stack: Stack, redis: aioredis.Redis)
     assert rid1 in await published_ids(stack, {rid1})
     assert rid2 not in await published_ids(stack, {rid1})
     assert await worker_finished(stack) == finished
+    # Over the WebSocket: the same events, and the first message says it was a hit.
+    frames = await ws_answer(stack, body)
+    assert frames[0]["type"] == "request" and frames[0]["cache"] == "exact"
+    texts = [f["data"]["choices"][0]["delta"].get("content", "") for f in frames[1:-1]]
+    sse_texts = [
+        orjson.loads(line[6:])["choices"][0]["delta"].get("content", "")
+        for line in first.decode().splitlines()
+        if line.startswith("data: {")
+    ]
+    assert "".join(texts) == "".join(sse_texts) and frames[-1]["type"] == "done"
     # The same answer whole (not streamed) is a hit too, with usage filled in.
     async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {ACME}"}) as h:
         whole = await h.post(stack.url() + "/v1/chat/completions", json={**body, "stream": False})

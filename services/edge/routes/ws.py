@@ -6,7 +6,8 @@ the handshake had no ``Authorization`` header, as in browsers):
 ``{"type": "resume", "request_id": …, "last_event_id": n}``,
 ``{"type": "cancel"}`` (the request being relayed) or ``{"type": "cancel", "request_id": …}``.
 
-Server → client: ``{"type": "request", "id": …}``, then ``{"type": "event", "id": seq,
+Server → client: ``{"type": "request", "id": …, "cache": "miss" | "exact" | "semantic"}``
+(``miss`` on a resume), then ``{"type": "event", "id": seq,
 "data": <the SSE chunk>}`` per event, ``{"type": "usage", …}``, ``{"type": "done"}``;
 a refusal is ``{"type": "error", "status": 4xx, "error": {…}}``.
 """
