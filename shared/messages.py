@@ -90,6 +90,14 @@ class ChatMessage(Wire):
     tool_calls: list[ToolCall] | None = Field(None, max_length=128)
     tool_call_id: str | None = Field(None, max_length=128)
 
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("a tool message needs tool_call_id, and only a tool message has one")
+        return self
+
 
 class Structure(Wire):
     """A grammar the output must follow (constrained decoding): any JSON object, a JSON
