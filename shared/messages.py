@@ -418,6 +418,13 @@ class WorkerHeartbeat(Wire):
         description="the served model's context length: an edge without the model folder "
         "checks prompts and max_tokens against it (0: not advertised)",
     )
+    decoded_tokens: int = Field(
+        0, ge=0, description="tokens generated since the worker started (a rate from two beats)"
+    )
+    prefilled_tokens: int = Field(0, ge=0, description="prompt tokens computed since it started")
+    prefix_hit_tokens: int = Field(
+        0, ge=0, description="prompt tokens served from its prefix cache since it started"
+    )
 
 
 class BatcherStatus(Wire):

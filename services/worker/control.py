@@ -133,6 +133,9 @@ def heartbeat_of(
         block_size=st.block_size,
         affinity_depth=AFFINITY_DEPTH,
         context_tokens=folder_context(s.model_dir) or 0,
+        decoded_tokens=st.decoded_tokens,
+        prefilled_tokens=st.prefilled_tokens,
+        prefix_hit_tokens=st.prefix_hit_tokens,
     )
 
 
