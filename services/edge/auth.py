@@ -152,6 +152,11 @@ class KeyStore:
         self._pepper = pepper
         self.required = required
 
+    @property
+    def peppered(self) -> bool:
+        """Whether a pepper is set (without one, created keys cannot be checked)."""
+        return bool(self._pepper)
+
     async def authenticate(self, key: str | None) -> Principal:
         """The caller with ``key``. Where keys are required, a missing, unknown or expired
         key is a 401 ``ApiError``; otherwise it runs as the anonymous tenant (OpenAI

@@ -121,6 +121,11 @@ class EdgeState:
         await self.cache.start()
         if self.settings.auth == "off":
             log.warning("TW_AUTH=off: calls without an API key are served as tenant 'default'")
+        elif not self.keys.peppered:
+            log.warning(
+                "no TW_KEY_PEPPER or TW_KEY_PEPPER_FILE: keys made by 'tokenwire keys create' "
+                "are refused; only TW_API_KEYS and older unpeppered keys authenticate"
+            )
 
     async def stop(self) -> None:
         for task in list(self._background):
