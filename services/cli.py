@@ -569,8 +569,10 @@ def _add_bench_index_parser(bsub: Subparsers) -> None:
 
 def _add_ops_parsers(sub: Subparsers) -> None:
     from services.ops.dlq import add_parser as add_dlq_parser
+    from services.ops.status import add_parser as add_status_parser
 
     add_dlq_parser(sub)
+    add_status_parser(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:

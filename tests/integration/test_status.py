@@ -1,0 +1,65 @@
+"""``tokenwire status`` against the real stack: every service on the screen while it runs,
+and a stopped batcher and edge still on it, as silent and down."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+from typing import Any
+
+import pytest
+
+from services.cli import main
+from shared.codec import encode
+from shared.messages import GenerateRequest, SamplingParams
+from tests.integration.harness import Stack, produce
+
+
+async def _status(stack: Stack, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
+    for k, v in stack.env.items():
+        if k.startswith("TW_"):
+            monkeypatch.setenv(k, v)
+    out = io.StringIO()
+
+    def call() -> None:
+        with contextlib.redirect_stdout(out):
+            main(["status", "--sample", "1.2", "--edge", stack.url(), *args])
+
+    await asyncio.to_thread(call)
+    return out.getvalue()
+
+
+async def test_status_shows_every_service_and_keeps_a_stopped_one(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reqs = [
+        GenerateRequest(prompt="The value", sampling=SamplingParams(max_tokens=8)) for _ in range(3)
+    ]
+    await produce(stack.settings.kafka_bootstrap, stack.names.requests, [encode(r) for r in reqs])
+    snap: dict[str, Any] = json.loads(await _status(stack, monkeypatch, "--json"))
+    (worker,) = snap["workers"]
+    assert worker["state"] == "live" and worker["partitions"] and worker["kv_used_pct"] is not None
+    assert worker["tokens_per_s"] is not None  # two heartbeats were read
+    (batcher,) = snap["batchers"]
+    assert batcher["state"] == "live" and batcher["queued_requests"] >= 0
+    assert snap["edges"] == [{"url": stack.url(), "state": "ready"}]
+    groups = {stack.names.batcher_group, stack.names.worker_group}
+    assert snap["consumer_lag"].keys() == groups
+    assert all(g["total"] >= 0 for g in snap["consumer_lag"].values())
+    assert snap["dlq"]["topic"] == stack.names.requests_dlq and snap["dlq"]["size"] >= 0
+    assert snap["redis"]["used_memory"] > 0 and snap["problems"] == []
+    screen = await _status(stack, monkeypatch)
+    assert worker["id"] in screen and batcher["id"] in screen and "redis memory" in screen
+
+    stack.stop("batcher")  # withdraws its status key: only the last-seen record is left
+    stack.stop("edge")
+    snap = json.loads(await _status(stack, monkeypatch, "--json"))
+    (gone,) = snap["batchers"]
+    assert gone["id"] == batcher["id"] and gone["state"] == "silent"
+    assert gone["record"]["batcher_id"] == batcher["id"] and gone["last_seen_s"] >= 0
+    assert [w["state"] for w in snap["workers"]] == ["live"]
+    assert snap["edges"][0]["state"].startswith("DOWN")
+    screen = await _status(stack, monkeypatch)
+    assert f"{batcher['id']}" in screen and "SILENT" in screen and "DOWN" in screen
