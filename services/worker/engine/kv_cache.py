@@ -67,6 +67,39 @@ class KVStats:
     evictions: int = 0
 
 
+class _Chain:
+    """The chained hashes of one token list's full blocks, computed as far as asked."""
+
+    def __init__(self, ids: tuple[int, ...], block_size: int) -> None:
+        self.ids, self.block_size = ids, block_size
+        self.items: list[tuple[int, tuple[int, ...]]] = []
+
+    def block(self, i: int) -> tuple[int, tuple[int, ...]]:
+        """Block ``i``'s hash (chained with its parents') and its token ids."""
+        bs = self.block_size
+        while len(self.items) <= i:
+            j = len(self.items)
+            chunk = self.ids[j * bs : (j + 1) * bs]
+            parent = self.items[-1][0] if self.items else None
+            self.items.append((chain_hash(parent, chunk), chunk))
+        return self.items[i]
+
+
+class ChainMemo:
+    """The block hashes of the last token list asked about: the scheduler asks about the
+    same waiting prompt several times a step, and each layer group in turn."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._last: _Chain | None = None
+
+    def of(self, token_ids: Sequence[int]) -> _Chain:
+        ids = tuple(token_ids)
+        if self._last is None or self._last.ids != ids:
+            self._last = _Chain(ids, self.block_size)
+        return self._last
+
+
 class BlockPool:
     """The blocks, their reference counts and the free list (least recently freed first,
     uncached blocks before cached ones), shared by the managers of one model's layer groups."""
@@ -133,7 +166,9 @@ class KVCacheManager:
     window: int | None = None  # every layer's attention window; None: the whole history
     pool: BlockPool | None = None  # shared with other layer groups; None: a pool of its own
     count_queries: bool = True  # False when the groups' owner counts prefix queries once
+    chains: ChainMemo | None = None  # shared by the layer groups of one model
     _pool: BlockPool = field(init=False)
+    _chains: ChainMemo = field(init=False)
     _by_hash: dict[int, int] = field(init=False)
     _tables: dict[str, list[int]] = field(init=False)
     stats: KVStats = field(init=False)
@@ -142,6 +177,7 @@ class KVCacheManager:
         if self.num_blocks < 1 or self.block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self._pool = self.pool if self.pool is not None else BlockPool(self.num_blocks)
+        self._chains = self.chains if self.chains is not None else ChainMemo(self.block_size)
         self._by_hash = {}
         self._tables = {}
         self.stats = self._pool.stats
@@ -179,21 +215,25 @@ class KVCacheManager:
         be cached: they are ``HOLE`` when they are not."""
         if not self.enable_prefix_cache:
             return []
-        present = self._present(token_ids)
+        present = self._present(token_ids, limit)
         usable = self.usable_prefixes(token_ids, present)
         n = max(i for i, ok in enumerate(usable[: None if limit is None else limit + 1]) if ok)
         return [HOLE if b is None else b for b in present[:n]]
 
     def usable_prefixes(
-        self, token_ids: Sequence[int], present: list[int | None] | None = None
+        self,
+        token_ids: Sequence[int],
+        present: list[int | None] | None = None,
+        limit: int | None = None,
     ) -> list[bool]:
         """``usable[n]``: the cache holds every block this group needs to compute
         ``token_ids`` on from block ``n`` (the first ``n`` blocks, or with a window only
-        those the window of position ``n * block_size`` reaches into)."""
+        those the window of position ``n * block_size`` reaches into); ``n`` up to
+        ``limit`` at most."""
         if not self.enable_prefix_cache:
             return [True]
         if present is None:
-            present = self._present(token_ids)
+            present = self._present(token_ids, limit)
         usable, run = [True], 0
         for i, bid in enumerate(present):
             run = run + 1 if bid is not None else 0
@@ -201,16 +241,53 @@ class KVCacheManager:
             usable.append(run >= n - self._behind(n * self.block_size))
         return usable
 
-    def _present(self, token_ids: Sequence[int]) -> list[int | None]:
-        """For each full block before the last token, the cached block holding it (token
-        ids verified) or None; without a window, up to the first miss."""
+    def _hits(self, token_ids: Sequence[int], hit: int | None) -> list[int]:
+        return (
+            self.cached_prefix_blocks(token_ids) if hit is None else self.blocks_at(token_ids, hit)
+        )
+
+    def usable_at(self, token_ids: Sequence[int], n: int) -> bool:
+        """Whether the cache holds what this group needs to go on from block ``n``."""
+        if n == 0:
+            return True
+        if not self.enable_prefix_cache or n > max(0, len(token_ids) - 1) // self.block_size:
+            return False
+        chain = self._chains.of(token_ids)
+        return all(self._lookup(*chain.block(i)) is not None for i in range(self._first(n), n))
+
+    def blocks_at(self, token_ids: Sequence[int], n: int) -> list[int]:
+        """The first ``n`` blocks of ``token_ids`` as a prefix hit, ``HOLE`` behind the
+        window; the caller has checked ``usable_at(token_ids, n)``."""
+        if n == 0:
+            return []
+        chain = self._chains.of(token_ids)
+        first = self._first(n)
+        found = [self._lookup(*chain.block(i)) for i in range(first, n)]
+        if None in found:
+            raise ValueError(f"blocks {first}..{n - 1} of the prefix are not all cached")
+        return [HOLE] * first + [b for b in found if b is not None]
+
+    def _first(self, n: int) -> int:
+        """The first block the group reads to go on from block ``n``."""
+        return self._behind(n * self.block_size)
+
+    def _lookup(self, h: int, chunk: tuple[int, ...]) -> int | None:
+        bid = self._by_hash.get(h)
+        return None if bid is None or self._blocks[bid].tokens != chunk else bid
+
+    def _present(self, token_ids: Sequence[int], limit: int | None = None) -> list[int | None]:
+        """For each full block before the last token (the first ``limit`` at most), the
+        cached block holding it (token ids verified) or None; without a window, up to
+        the first miss."""
         found: list[int | None] = []
-        parent: int | None = None
-        bs = self.block_size
-        for start in range(0, len(token_ids) - 1 - bs + 1, bs):
-            chunk = tuple(token_ids[start : start + bs])
-            h = chain_hash(parent, chunk)
-            parent = h
+        count = max(0, len(token_ids) - 1) // self.block_size
+        if limit is not None:
+            count = min(count, limit)
+        if count == 0:
+            return found
+        chain = self._chains.of(token_ids)
+        for i in range(count):
+            h, chunk = chain.block(i)
             bid = self._by_hash.get(h)
             if bid is None or self._blocks[bid].tokens != chunk:
                 if self.window is None:
@@ -234,14 +311,14 @@ class KVCacheManager:
         return self.blocks_needed(seq_id, token_ids, upto) <= len(self._free)
 
     def blocks_needed(
-        self, seq_id: str, token_ids: Sequence[int], upto: int, hit_limit: int | None = None
+        self, seq_id: str, token_ids: Sequence[int], upto: int, hit: int | None = None
     ) -> int:
-        """Free blocks that extending the table to ``upto`` tokens takes (a cached prefix
-        of at most ``hit_limit`` blocks attached first)."""
+        """Free blocks that extending the table to ``upto`` tokens takes (the longest
+        cached prefix attached first, or the first ``hit`` blocks: see ``blocks_at``)."""
         table = self._tables.get(seq_id)
         if table is not None:
             return max(0, self.blocks_for(upto) - len(table))
-        hits = self.cached_prefix_blocks(token_ids, hit_limit)
+        hits = self._hits(token_ids, hit)
         kept = hits[self._behind(len(hits) * self.block_size) :]
         hits_free = sum(1 for b in kept if self._blocks[b].ref == 0)
         return max(0, self.blocks_for(upto) - len(hits)) + hits_free
@@ -261,18 +338,18 @@ class KVCacheManager:
         return min(whole, self.blocks_for(self.window - 1 + chunk) + 1)
 
     def allocate(
-        self, seq_id: str, token_ids: Sequence[int], upto: int, hit_limit: int | None = None
+        self, seq_id: str, token_ids: Sequence[int], upto: int, hit: int | None = None
     ) -> int:
         """Extend the sequence's table to hold ``upto`` tokens. On the first allocation the
-        cached prefix (at most ``hit_limit`` blocks) is attached; returns the number of
-        tokens it covers."""
-        if self.blocks_needed(seq_id, token_ids, upto, hit_limit) > len(self._free):
+        longest cached prefix (or the first ``hit`` blocks: see ``blocks_at``) is
+        attached; returns the number of tokens it covers."""
+        if self.blocks_needed(seq_id, token_ids, upto, hit) > len(self._free):
             raise OutOfBlocks(f"{seq_id}: no room for {upto} tokens")
         hit_tokens = 0
         table = self._tables.get(seq_id)
         if table is None:
             table = []
-            hits = self.cached_prefix_blocks(token_ids, hit_limit)
+            hits = self._hits(token_ids, hit)
             behind = self._behind(len(hits) * self.block_size)
             table.extend([HOLE] * behind)  # hits behind the window: never read
             for bid in hits[behind:]:
@@ -361,9 +438,16 @@ class LayerGroupsKV:
         if not windows:
             raise ValueError("at least one layer group")
         self.pool = BlockPool(num_blocks)
+        chains = ChainMemo(block_size)
         self.groups = [
             KVCacheManager(
-                num_blocks, block_size, enable_prefix_cache, w, pool=self.pool, count_queries=False
+                num_blocks,
+                block_size,
+                enable_prefix_cache,
+                w,
+                pool=self.pool,
+                count_queries=False,
+                chains=chains,
             )
             for w in windows
         ]
@@ -388,16 +472,27 @@ class LayerGroupsKV:
         return self.groups[0].holds(seq_id)
 
     def _hit_blocks(self, token_ids: Sequence[int]) -> int:
-        """The longest prefix (in blocks) every group holds what it needs to go on from."""
-        usable = [g.usable_prefixes(token_ids) for g in self.groups]
-        shortest = min(len(u) for u in usable)
-        return max(n for n in range(shortest) if all(u[n] for u in usable))
+        """The longest prefix (in blocks) every group holds what it needs to go on from:
+        no further than the full groups' first miss, then down from there until every
+        sliding group holds its window's blocks."""
+        if not self.groups[0].enable_prefix_cache:
+            return 0
+        limit = max(0, len(token_ids) - 1) // self.block_size
+        sliding = []
+        for g in self.groups:
+            if g.window is None:
+                limit = min(limit, len(g._present(token_ids, limit)))
+            else:
+                sliding.append(g)
+        for n in range(limit, 0, -1):
+            if all(g.usable_at(token_ids, n) for g in sliding):
+                return n
+        return 0
 
     def cached_prefix_blocks(self, token_ids: Sequence[int]) -> list[int]:
         """The first group's blocks of the prefix every group can go on from (its length
         is what the scheduler reads)."""
-        n = self._hit_blocks(token_ids)
-        return self.groups[0].cached_prefix_blocks(token_ids, n)[:n]
+        return self.groups[0].blocks_at(token_ids, self._hit_blocks(token_ids))
 
     def summary_hashes(self, limit: int, max_depth: int = AFFINITY_DEPTH) -> list[int]:
         """The routing summary of a full-attention group (it keeps a prompt's leading
