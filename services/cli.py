@@ -498,7 +498,10 @@ def _add_bulk_parser(sub: Subparsers) -> None:
     bc.add_argument("--max-tokens", type=int, default=4, help="max_tokens of each request")
     bc.add_argument("--model", default="tokenwire-tiny", help="the model the lines name")
     bc.add_argument(
-        "--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"]
+        "--endpoint",
+        default="/v1/completions",
+        choices=["/v1/completions", "/v1/chat/completions"],
+        help="the endpoint every line calls (default: /v1/completions)",
     )
     bc.set_defaults(fn=cmd_bulk_api_check)
 
