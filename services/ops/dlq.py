@@ -215,7 +215,7 @@ async def read_letters(settings: CommonSettings, since: float | None = None) -> 
     )
     await consumer.start()
     try:
-        parts = [TopicPartition(topic, p) for p in sorted(await _partitions(consumer, topic))]
+        parts = [TopicPartition(topic, p) for p in sorted(await partitions_of(consumer, topic))]
         if not parts:
             return []
         consumer.assign(parts)
@@ -241,7 +241,8 @@ async def read_letters(settings: CommonSettings, since: float | None = None) -> 
         await consumer.stop()
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+async def partitions_of(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    """The partitions of ``topic`` (empty when it does not exist), metadata fetched."""
     for _ in range(20):
         parts = consumer.partitions_for_topic(topic)
         if parts:
@@ -372,7 +373,7 @@ async def purge(settings: CommonSettings, before: float) -> dict[int, tuple[int,
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
     await consumer.start()
     try:
-        parts = [TopicPartition(topic, p) for p in sorted(await _partitions(consumer, topic))]
+        parts = [TopicPartition(topic, p) for p in sorted(await partitions_of(consumer, topic))]
         if not parts:
             return {}
         starts = await consumer.beginning_offsets(parts)

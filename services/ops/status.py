@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from redis.exceptions import RedisError
 
+from services.ops.dlq import partitions_of
 from shared.names import Names
 from shared.redis_client import redis_client
 from shared.settings import CommonSettings, FleetSettings
@@ -258,14 +259,14 @@ async def read_kafka(settings: CommonSettings, snap: Snapshot) -> None:
             if topic not in topics:
                 snap.problems.append(f"kafka: no topic {topic}")
                 continue
-            parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+            parts = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
             ends = await consumer.end_offsets(parts)
             got = await admin.list_consumer_group_offsets(group)
             committed = {tp.partition: o.offset for tp, o in got.items() if tp.topic == topic}
             snap.lag[group] = lag_of(committed, {tp.partition: n for tp, n in ends.items()})
         dlq = names.requests_dlq
         if dlq in topics:
-            parts = [TopicPartition(dlq, p) for p in consumer.partitions_for_topic(dlq) or ()]
+            parts = [TopicPartition(dlq, p) for p in await partitions_of(consumer, dlq)]
             ends, starts = (
                 await consumer.end_offsets(parts),
                 await consumer.beginning_offsets(parts),

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import io
 import json
+import time
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from services.cli import main
 from shared.codec import encode
 from shared.messages import GenerateRequest, SamplingParams
-from tests.integration.harness import Stack, produce
+from tests.integration.harness import Stack, produce, read_topic
 
 
 async def _status(stack: Stack, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
@@ -37,7 +38,10 @@ async def test_status_shows_every_service_and_keeps_a_stopped_one(
     reqs = [
         GenerateRequest(prompt="The value", sampling=SamplingParams(max_tokens=8)) for _ in range(3)
     ]
-    await produce(stack.settings.kafka_bootstrap, stack.names.requests, [encode(r) for r in reqs])
+    late = GenerateRequest(prompt="late", deadline=time.time() - 1)  # a dead letter
+    bootstrap = stack.settings.kafka_bootstrap
+    await produce(bootstrap, stack.names.requests, [encode(r) for r in [*reqs, late]])
+    assert await read_topic(bootstrap, stack.names.requests_dlq, bool, 60)
     snap: dict[str, Any] = json.loads(await _status(stack, monkeypatch, "--json"))
     (worker,) = snap["workers"]
     assert worker["state"] == "live" and worker["partitions"] and worker["kv_used_pct"] is not None
@@ -47,8 +51,9 @@ async def test_status_shows_every_service_and_keeps_a_stopped_one(
     assert snap["edges"] == [{"url": stack.url(), "state": "ready"}]
     groups = {stack.names.batcher_group, stack.names.worker_group}
     assert snap["consumer_lag"].keys() == groups
-    assert all(g["total"] >= 0 for g in snap["consumer_lag"].values())
-    assert snap["dlq"]["topic"] == stack.names.requests_dlq and snap["dlq"]["size"] >= 0
+    for lag in snap["consumer_lag"].values():  # 2 partitions per input topic
+        assert lag["partitions"].keys() == {"0", "1"} and lag["total"] >= 0
+    assert snap["dlq"] == {"topic": stack.names.requests_dlq, "size": 1}
     assert snap["redis"]["used_memory"] > 0 and snap["problems"] == []
     screen = await _status(stack, monkeypatch)
     assert worker["id"] in screen and batcher["id"] in screen and "redis memory" in screen
