@@ -452,6 +452,8 @@ def cmd_show(args: argparse.Namespace) -> None:
             },
             "replayable": replayable(d) or "yes",
         }
+        if shown["original"]["decoded"] is None:  # neither JSON nor text: the bytes as kept
+            shown["original"]["base64"] = d.original_b64
     print(json.dumps(shown, indent=2, ensure_ascii=False))
 
 

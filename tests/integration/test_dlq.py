@@ -5,6 +5,7 @@ one that fails again after its replay stays dead; purge trims the topic by time.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import io
 import json
@@ -169,3 +170,23 @@ async def test_purge_deletes_the_letters_written_before_a_time(stack: Stack, cli
     assert old.request_id not in {r["request_id"] for r in after}
     since = json.loads(await cli("list", "--json", "--since", "1h", "--limit", "1"))
     assert [r["request_id"] for r in since] == [new.request_id]
+
+
+async def test_bytes_that_are_no_request_are_shown_as_kept_and_never_replayed(
+    cli: Cli, stack: Stack
+) -> None:
+    bootstrap = stack.settings.kafka_bootstrap
+    junk = b"\xff\xfe not json \x00"
+    await produce(bootstrap, stack.names.requests, [junk], [b"junk-key"])
+
+    def lettered(values: list[bytes]) -> bool:
+        return any(decode(DeadLetter, v).key == "junk-key" for v in values)
+
+    await read_topic(bootstrap, stack.names.requests_dlq, lettered, 60)
+    (row,) = [r for r in json.loads(await cli("list", "--json", "--reason", "undecodable"))]
+    shown = json.loads(await cli("show", row["id"]))
+    assert shown["original"]["decoded"] is None and shown["service"] == "batcher"
+    assert base64.b64decode(shown["original"]["base64"]) == junk
+    out = await cli("replay", row["id"])
+    assert "not replayed: the original is not a request (undecodable)" in out, out
+    assert "0 of 1 replayed" in out
