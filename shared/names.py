@@ -96,6 +96,11 @@ class Names:
         """Key holding a batcher's queue depth (expires when the batcher goes silent)."""
         return f"{self.batcher_status_prefix}{batcher_id}"
 
+    def slot_ledger(self, worker_id: str) -> str:
+        """Hash of the worker slots that batchers reserved since its last heartbeat
+        (``services/batcher/slots.py``)."""
+        return f"{self.prefix}:slots:{worker_id}"
+
     @property
     def cancel_channel(self) -> str:
         """Pub/sub channel on which edges broadcast cancellations to every worker."""

@@ -28,6 +28,12 @@ class BatcherSettings(FleetSettings):
         64, ge=1, description="most requests one dispatch takes; this many queued go at once"
     )
     heartbeat_refresh_ms: float = Field(20.0, gt=0, description="how stale a worker view may be")
+    slot_hold_ms: float = Field(
+        1000.0,
+        gt=0,
+        description="a worker slot reserved this long before a heartbeat stays reserved "
+        "(the batch may not have reached the worker when it counted): the longest hand-off",
+    )
     routing: RoutingMode = Field(RoutingMode.AFFINITY, description="how a request picks a worker")
     affinity_tolerance: int = Field(
         4, ge=0, description="load imbalance (requests) accepted to keep a prefix on its worker"

@@ -93,3 +93,8 @@ class BatcherMetrics:
         self.requeued = Counter(
             "tw_batcher_requeued", "requests put back in the queue after a failed send", registry=r
         )
+        self.slots_short = Counter(
+            "tw_batcher_slots_short",
+            "requests put back in the queue: other batchers had reserved their worker's slots",
+            registry=r,
+        )

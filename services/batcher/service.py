@@ -45,6 +45,7 @@ from services.batcher.links import (
 )
 from services.batcher.metrics import BatcherMetrics
 from services.batcher.rejects import Rejected, Rejects
+from services.batcher.reservations import SlotReserver
 from services.batcher.routing import (
     Refusal,
     Router,
@@ -106,6 +107,9 @@ class Pending:
         return Rejected(letter)
 
 
+Routed = tuple[WorkerView | None, Queued[Pending]]  # a request and its worker, if known
+
+
 class BatcherService:
     """The batcher: consumes requests, queues them fairly, closes sliding windows into batches routed to workers, dead-letters what it cannot serve, and rides out Kafka and Redis outages."""
 
@@ -156,6 +160,15 @@ class BatcherService:
         # What this batcher sent to each worker, and when: a heartbeat older than a send
         # does not count it yet, so the view subtracts it (no over-dispatch between beats).
         self._sent: dict[str, deque[tuple[float, int, int]]] = defaultdict(deque)
+        # Slots are reserved in a ledger all batchers share; what a worker had left at
+        # this batcher's last reservation caps its view until the next heartbeat.
+        self.reserver = SlotReserver(
+            self.names,
+            settings.batcher_id,
+            settings.slot_hold_ms / 1000,
+            max(SENT_MEMORY_S, 2 * settings.heartbeat_ttl_s),
+        )
+        self._left: dict[str, tuple[float, int]] = {}  # worker id → (heartbeat at, left)
         self._workers_at = 0.0
         self._status_at = 0.0
         self._bad_heartbeat_logged_at = 0.0
@@ -381,7 +394,11 @@ class BatcherService:
         while sent and sent[0][0] < now - SENT_MEMORY_S:
             sent.popleft()
         since = [(n, tok) for t, n, tok in sent if t > hb.at - TRANSIT_MARGIN_S]
-        return WorkerView.of(hb, sum(n for n, _ in since), sum(tok for _, tok in since))
+        view = WorkerView.of(hb, sum(n for n, _ in since), sum(tok for _, tok in since))
+        at, left = self._left.get(hb.worker_id, (0.0, 0))
+        if at >= hb.at:
+            view.free_slots = min(view.free_slots, left)
+        return view
 
     async def _dispatch(self, workers: list[WorkerView]) -> None:
         """Take what the workers have room for and send one batch per target partition.
@@ -401,7 +418,8 @@ class BatcherService:
         except KafkaError as exc:
             self._send_failed(items, exc)
             return
-        sent = await self._send(self._route(items, workers, num_parts))
+        routed = await self._reserve(self._route(items, workers))
+        sent = await self._send(_by_partition(routed, num_parts))
         self._record(sent, decided)
 
     def _take(self, workers: list[WorkerView]) -> list[Queued[Pending]]:
@@ -437,12 +455,9 @@ class BatcherService:
             refused.add(id(q))
         return [q for q in items if id(q) not in refused]
 
-    def _route(
-        self, items: list[Queued[Pending]], workers: list[WorkerView], num_parts: int
-    ) -> dict[int, list[Queued[Pending]]]:
-        """The target partition of each request (its worker's, or by hash if none)."""
-        groups: dict[int, list[Queued[Pending]]] = defaultdict(list)
-        now = time.time()
+    def _route(self, items: list[Queued[Pending]], workers: list[WorkerView]) -> list[Routed]:
+        """The worker of each request (None when no worker is known)."""
+        routed: list[Routed] = []
         for q in items:
             target = None
             if workers:
@@ -451,11 +466,47 @@ class BatcherService:
                 target = self.router.route(hashes, workers)
                 target.free_slots -= 1
                 target.free_tokens -= q.cost
+            routed.append((target, q))
+        return routed
+
+    async def _reserve(self, routed: list[Routed]) -> list[Routed]:
+        """Reserve the routed requests' slots in the workers' shared ledgers (one round
+        trip). Those another batcher took the last slots for go back to the queue; all go
+        back while Redis is away."""
+        wants: dict[str, tuple[WorkerView, int]] = {}
+        for w, _ in routed:
+            if w is not None:
+                wants[w.worker_id] = (w, wants.get(w.worker_id, (w, 0))[1] + 1)
+        if not wants:
+            return routed
+        now = time.time()
+        asked = [(w.hb, n) for w, n in wants.values()]
+        try:
+            grants = await self.redis.call(lambda c: self.reserver.reserve(c, asked, now))
+        except RedisAway:
+            self.queue.requeue([q for _, q in routed])
+            return []
+        granted = {wid: g.granted for wid, g in grants.items()}
+        for wid, g in grants.items():
+            w = wants[wid][0]
+            self._left[wid] = (w.hb.at, g.left)
+            w.free_slots = min(w.free_slots, g.left)
+        kept: list[Routed] = []
+        short: list[Queued[Pending]] = []
+        for w, q in routed:
+            if w is not None and granted[w.worker_id] <= 0:
+                short.append(q)
+                continue
+            if w is not None:
+                granted[w.worker_id] -= 1
                 # Counted as sent even if the send fails and it is queued again: the
                 # view is then conservative for a few seconds, never over-full.
-                self._sent[target.worker_id].append((now, 1, q.cost))
-            groups[partition_for(target, q.item.request.request_id, num_parts)].append(q)
-        return groups
+                self._sent[w.worker_id].append((now, 1, q.cost))
+            kept.append((w, q))
+        if short:
+            self.queue.requeue(short)
+            self.metrics.slots_short.inc(len(short))
+        return kept
 
     async def _send(self, groups: dict[int, list[Queued[Pending]]]) -> list[Queued[Pending]]:
         """Send each group in as few batches as fit under the message limit; returns the
@@ -604,6 +655,14 @@ class BatcherService:
                 for tp, nxt in self._consumed.items()
             )
         )
+
+
+def _by_partition(routed: list[Routed], num_parts: int) -> dict[int, list[Queued[Pending]]]:
+    """The target partition of each request (its worker's, or by hash if none)."""
+    groups: dict[int, list[Queued[Pending]]] = defaultdict(list)
+    for target, q in routed:
+        groups[partition_for(target, q.item.request.request_id, num_parts)].append(q)
+    return groups
 
 
 def _saturation(workers: list[WorkerView]) -> float:
