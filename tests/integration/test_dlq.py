@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
 from services.cli import main
-from services.ops.dlq import REPLAY_HEADER
+from services.ops.dlq import REPLAY_HEADER, read_letters, replay, resolve
 from services.worker.intake import TOPICS_REFRESH_S
 from shared.codec import decode, encode
 from shared.kafka_io import ensure_topics
@@ -190,3 +190,33 @@ async def test_bytes_that_are_no_request_are_shown_as_kept_and_never_replayed(
     out = await cli("replay", row["id"])
     assert "not replayed: the original is not a request (undecodable)" in out, out
     assert "0 of 1 replayed" in out
+
+
+async def test_racing_replays_are_generated_once(stack: Stack) -> None:
+    """Two replays at once, each allowed (two replays a request): whatever both send, the
+    workers' claims and done markers generate the request once."""
+    bootstrap = stack.settings.kafka_bootstrap
+    replies = f"{stack.prefix}.race"
+    req = GenerateRequest(
+        prompt="The module",
+        sampling=SamplingParams(max_tokens=4, temperature=0),
+        reply=ReplyTarget(redis=True, kafka_topic=replies),
+    )
+    rid = req.request_id
+    await produce(bootstrap, stack.names.requests, [encode(req)], [rid.encode()])
+    await _letters_of(stack, rid, 1)
+    await ensure_topics(stack.settings, {replies: 1})
+    await asyncio.sleep(TOPICS_REFRESH_S + 1)
+    letter = resolve(await read_letters(stack.settings), rid)
+    assert letter is not None
+    outcomes = await asyncio.gather(
+        *(replay(stack.settings, [letter], max_replays=2) for _ in range(2))
+    )
+    assert sum(o.verdict == "ok" for (o,) in outcomes) >= 1, outcomes
+    got: list[Completion] = []
+    deadline = time.monotonic() + 60
+    while not got and time.monotonic() < deadline:
+        got = [decode(Completion, v) for v, _ in await _records(bootstrap, replies, rid, 3)]
+    await asyncio.sleep(3)  # room for a second generation, if there were one
+    got = [decode(Completion, v) for v, _ in await _records(bootstrap, replies, rid, 3)]
+    assert [c.request_id for c in got] == [rid]
