@@ -435,6 +435,10 @@ class BatcherStatus(Wire):
     queued_requests: int = 0
     queued_tokens: int = 0
     paused: bool = False
+    queued_by_priority: dict[str, int] = Field(
+        default_factory=dict, description="queued requests per priority class"
+    )
+    window_ms: float = Field(0.0, ge=0, description="the batching window it applies now")
 
 
 class CancelRequest(Wire):

@@ -54,6 +54,10 @@ class FairQueue(Generic[T]):
             self.count += 1
             self.tokens += q.cost
 
+    def depth_by_class(self) -> list[int]:
+        """Requests queued in each priority class, by rank."""
+        return [sum(len(d) for d in c.values()) for c in self._classes]
+
     def oldest(self) -> float | None:
         """When the longest-waiting request was queued."""
         heads = [d[0].enqueued_at for c in self._classes for d in c.values() if d]

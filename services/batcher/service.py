@@ -178,6 +178,7 @@ class BatcherService:
         # Per request: arrival → dispatch decision (the window's share), and decision →
         # batch acknowledged by Kafka (the hand-off's share).
         self.window_waits_ms: deque[float] = deque(maxlen=100_000)
+        self._window_ms = 0.0  # the window applied now, as last computed for the gauges
         self.handoff_ms: deque[float] = deque(maxlen=100_000)
 
     async def run(self) -> None:
@@ -627,6 +628,10 @@ class BatcherService:
             queued_requests=len(self.queue),
             queued_tokens=self.queue.tokens,
             paused=self.backpressure.paused,
+            queued_by_priority={
+                p.value: n for p, n in zip(Priority, self.queue.depth_by_class(), strict=True)
+            },
+            window_ms=self._window_ms,
         )
         bid = self.settings.batcher_id
         index, key = self.names.batchers_index, self.names.batcher_status(bid)
@@ -648,7 +653,8 @@ class BatcherService:
         m.paused.set(int(self.backpressure.paused))
         oldest = self.queue.oldest()
         wait_ms = (now - oldest) * 1000 if oldest is not None else 0.0
-        m.window_ms.set(self.policy.window_ms(_saturation(self._workers), wait_ms))
+        self._window_ms = self.policy.window_ms(_saturation(self._workers), wait_ms)
+        m.window_ms.set(self._window_ms)
         m.lag.set(
             sum(
                 max(0, (self.consumer.highwater(tp) or nxt) - nxt)

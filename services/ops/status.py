@@ -2,7 +2,8 @@
 
 - workers: their heartbeats (partitions, running and waiting requests, KV use, prefix-cache
   hit rate since start, tokens/s from the decoded-token counters of two heartbeats);
-- batchers: their status (queue depth, queued tokens, paused);
+- batchers: their status (queue depth in all and by priority, queued tokens, the
+  batching window they apply now, paused);
 - edges: ``/readyz`` of each ``--edge URL`` (edges publish nothing to Redis);
 - Kafka: consumer lag of the batcher and worker groups (committed offsets against the
   ends of their input topics), and the dead-letter topic's size;
@@ -120,6 +121,8 @@ def batcher_view(row: dict[str, Any]) -> dict[str, Any]:
         "queued_requests": rec.get("queued_requests", 0),
         "queued_tokens": rec.get("queued_tokens", 0),
         "paused": rec.get("paused", False),
+        "queued_by_priority": rec.get("queued_by_priority", {}),
+        "window_ms": rec.get("window_ms"),
     }
 
 
@@ -156,11 +159,17 @@ def render(snap: Snapshot) -> str:
         )
     if not snap.workers:
         out.append("(no worker has published a heartbeat)")
-    out += ["", f"{'BATCHER':<28} {'STATE':<11} {'QUEUED':>7} {'TOKENS':>8} {'PAUSED':>7}"]
+    out += [
+        "",
+        f"{'BATCHER':<28} {'STATE':<11} {'QUEUED':>7} {'TOKENS':>8} {'PAUSED':>7} "
+        f"{'WINDOW':>8}  BY PRIORITY",
+    ]
     for b in snap.batchers:
+        window = "-" if b["window_ms"] is None else f"{b['window_ms']:.0f}ms"
+        by = " ".join(f"{p}={n}" for p, n in b["queued_by_priority"].items()) or "-"
         out.append(
             f"{b['id'][:28]:<28} {_seen(b):<11} {b['queued_requests']:>7} "
-            f"{b['queued_tokens']:>8} {'yes' if b['paused'] else 'no':>7}"
+            f"{b['queued_tokens']:>8} {'yes' if b['paused'] else 'no':>7} {window:>8}  {by}"
         )
     if not snap.batchers:
         out.append("(no batcher has published its status)")

@@ -48,6 +48,8 @@ async def test_status_shows_every_service_and_keeps_a_stopped_one(
     assert worker["tokens_per_s"] is not None  # two heartbeats were read
     (batcher,) = snap["batchers"]
     assert batcher["state"] == "live" and batcher["queued_requests"] >= 0
+    assert batcher["queued_by_priority"].keys() == {"interactive", "bulk"}
+    assert batcher["window_ms"] >= 0
     assert snap["edges"] == [{"url": stack.url(), "state": "ready"}]
     groups = {stack.names.batcher_group, stack.names.worker_group}
     assert snap["consumer_lag"].keys() == groups

@@ -48,8 +48,10 @@ def test_push_counts_requests_and_tokens() -> None:
     fq.push(q("b", tenant="u", prio=BULK, cost=70))
     assert (len(fq), fq.tokens) == (2, 100)
     assert sorted(names(list(fq))) == ["a", "b"]
+    assert fq.depth_by_class() == [1, 1]
     fq.pop(1)
     assert (len(fq), fq.tokens) == (1, 70)
+    assert fq.depth_by_class() == [0, 1]
 
 
 def test_pop_of_zero_items_takes_nothing() -> None:

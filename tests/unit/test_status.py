@@ -43,12 +43,14 @@ def test_lag_counts_from_zero_where_a_group_never_committed() -> None:
 def test_the_screen_shows_silent_members_and_problems() -> None:
     snap = Snapshot(at=0.0)
     w = {"id": "w1", "state": "live", "last_seen_s": 0.0, "record": {"at": 0.0, "running": 3}}
-    b = {"id": "b1", "state": "silent", "last_seen_s": 42.0, "record": {"at": 0.0}}
+    rec = {"at": 0.0, "queued_by_priority": {"interactive": 2, "bulk": 5}, "window_ms": 12.0}
+    b = {"id": "b1", "state": "silent", "last_seen_s": 42.0, "record": rec}
     snap.workers = [worker_view(w, None)]
     snap.batchers = [batcher_view(b)]
     snap.lag = {"tw.worker": lag_of({}, {0: 4})}
     snap.problems = ["kafka: away"]
     screen = render(snap)
     assert "w1" in screen and "live" in screen
-    assert "b1" in screen and "SILENT 42s" in screen
+    assert "b1" in screen and "SILENT 42s" in screen and "interactive=2 bulk=5" in screen
+    assert "12ms" in screen
     assert "lag tw.worker" in screen and "p0=4" in screen and "! kafka: away" in screen
