@@ -20,4 +20,6 @@ echo "--- lint and types"
 .venv/bin/ruff format --check shared services tests || rc=1
 .venv/bin/mypy || rc=1
 .venv/bin/tokenwire schema --check || rc=1
+echo "--- helm chart"
+bash infra/helm/check.sh || rc=1
 exit $rc
