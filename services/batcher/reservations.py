@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from services.batcher.slots import Grant
 from shared.messages import WorkerHeartbeat
@@ -50,7 +50,8 @@ return {granted, free - used - granted}
 
 
 class SlotReserver:
-    """Reserves slots on several workers in one round trip (a pipeline of script calls)."""
+    """Reserves slots on several workers in one round trip (a pipeline of EVALSHA calls;
+    the script is loaded once, and again if Redis lost it)."""
 
     def __init__(self, names: Names, batcher_id: str, margin_s: float, ledger_ttl_s: float) -> None:
         self.names = names
@@ -58,27 +59,25 @@ class SlotReserver:
         self.margin_s = margin_s
         self.ttl_ms = int(ledger_ttl_s * 1000)
         self._seq = itertools.count()
-        self._script: AsyncScript | None = None
+        self._sha: str | None = None
 
     async def reserve(
         self, client: aioredis.Redis, wants: Sequence[tuple[WorkerHeartbeat, int]], now: float
     ) -> dict[str, Grant]:
         """Slots granted on each worker (by worker id) to this batcher's ``wants``."""
-        script = self._script = self._script or client.register_script(LUA)
+        if self._sha is None:
+            self._sha = await client.script_load(LUA)
         pipe = client.pipeline(transaction=False)
         for hb, want in wants:
             token = f"{self.batcher_id}:{next(self._seq)}"
-            args: list[str | int | float] = [
-                repr(hb.at),
-                hb.free_slots,
-                repr(now),
-                want,
-                self.margin_s,
-                self.ttl_ms,
-                token,
-            ]
-            await script(keys=[self.names.slot_ledger(hb.worker_id)], args=args, client=pipe)
-        replies = await pipe.execute()
+            key = self.names.slot_ledger(hb.worker_id)
+            args = (repr(hb.at), hb.free_slots, repr(now), want, self.margin_s, self.ttl_ms, token)
+            pipe.evalsha(self._sha, 1, key, *args)
+        try:
+            replies = await pipe.execute()
+        except NoScriptError:  # Redis restarted: a reservation not run, nothing to undo
+            self._sha = None
+            return await self.reserve(client, wants, now)
         return {
             hb.worker_id: Grant(int(granted), int(left))
             for (hb, _), (granted, left) in zip(wants, replies, strict=True)
