@@ -209,6 +209,8 @@ def test_sliding_layers_of_an_interleaved_model_cost_only_their_window(
         f"{name}: {longest} tokens admitted, {16 * BLOCK} in one table ({longest / (16 * BLOCK):.2f}x)"
     )
     assert longest > 16 * BLOCK
+    # The heartbeat's free tokens: what a new request surely gets (a slot in every group).
+    assert engine.stats.free_kv_tokens == blocks * BLOCK // len(groups) <= longest
     rng = random.Random(15)
     prompt = [rng.randrange(3, VOCAB) for _ in range(longest - NEW)]
     engine.add_request(EngineRequest("longest", prompt, max_tokens=NEW, ignore_eos=True))

@@ -101,6 +101,7 @@ class EngineStats:
     kv_peak_used_blocks: int = 0
     kv_cached_blocks: int = 0
     block_size: int = 16
+    kv_groups: int = 1  # layer groups drawing on the pool: a token takes a block slot in each
     kv_bytes_per_token: int = 0  # every layer's keys and values of one token
     prefix_hit_tokens: int = 0
     prefilled_tokens: int = 0
@@ -112,7 +113,10 @@ class EngineStats:
 
     @property
     def free_kv_tokens(self) -> int:
-        return (self.kv_blocks - self.kv_used_blocks) * self.block_size
+        """Tokens a new request can surely get: with layer groups, each of its tokens takes
+        a slot in every group (a sliding group's share stops at its window, so a long
+        request can get more than this; never less)."""
+        return (self.kv_blocks - self.kv_used_blocks) * self.block_size // self.kv_groups
 
 
 @dataclass(slots=True)
@@ -165,6 +169,7 @@ class Engine:
         self.stats = EngineStats(
             kv_blocks=num_blocks,
             block_size=config.block_size,
+            kv_groups=len(getattr(self.kv, "groups", ())) or 1,
             kv_bytes_per_token=self.runner.bytes_per_token,
         )
 
