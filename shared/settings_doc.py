@@ -179,6 +179,12 @@ SCRIPT_SETTINGS: tuple[Row, ...] = (
     ),
     Row("TW_BENCH_API_KEY", "`tokenwire bench`", "(unset)", "the API key sent to the edge"),
     Row(
+        "TW_TEST_BATCH_LINES",
+        "tests",
+        "`300`",
+        "lines of the Batch API restart test (`500`: the issue's full size)",
+    ),
+    Row(
         "TW_TEST_DEVICE",
         "tests",
         "`cpu`",
