@@ -107,6 +107,7 @@ class Pending:
         return Rejected(letter)
 
 
+STATUS_TTL_S = 3.0  # a batcher's status (and its place among the live batchers) lasts this
 Routed = tuple[WorkerView | None, Queued[Pending]]  # a request and its worker, if known
 
 
@@ -169,6 +170,11 @@ class BatcherService:
             max(SENT_MEMORY_S, 2 * settings.heartbeat_ttl_s),
         )
         self._left: dict[str, tuple[float, int]] = {}  # worker id → (heartbeat at, left)
+        # Other batchers seen alive at this batcher's last status: with none, no other
+        # batcher can fill a worker behind this one's back, so the ledger (whose hold keeps
+        # slots reserved up to TW_SLOT_HOLD_MS after a heartbeat already counts them) is
+        # skipped and the heartbeat view with its in-transit sends alone decides.
+        self._peers = 1  # unknown until the first status: the ledger applies
         self._workers_at = 0.0
         self._status_at = 0.0
         self._bad_heartbeat_logged_at = 0.0
@@ -481,6 +487,11 @@ class BatcherService:
         if not wants:
             return routed
         now = time.time()
+        if self._peers == 0:
+            for w, q in routed:
+                if w is not None:
+                    self._sent[w.worker_id].append((now, 1, q.cost))
+            return routed
         asked = [(w.hb, n) for w, n in wants.values()]
         try:
             grants = await self.redis.call(lambda c: self.reserver.reserve(c, asked, now))
@@ -636,13 +647,14 @@ class BatcherService:
         bid = self.settings.batcher_id
         index, key = self.names.batchers_index, self.names.batcher_status(bid)
 
-        async def advertise(client: aioredis.Redis) -> None:
+        async def advertise(client: aioredis.Redis) -> int:
             pipe = client.pipeline(transaction=False)
-            registry.advertise(pipe, index, bid, key, encode(status), 3.0)
-            await pipe.execute()
+            registry.advertise(pipe, index, bid, key, encode(status), STATUS_TTL_S)
+            pipe.zcount(index, now - STATUS_TTL_S, "+inf")
+            return int((await pipe.execute())[-1])
 
         try:
-            await self.redis.call(advertise)
+            self._peers = await self.redis.call(advertise) - 1
         except RedisAway:
             pass  # the status key expires: edges see no queue figure while Redis is away
 
