@@ -134,7 +134,8 @@ class Edge:
         return f"{resp.status_code} {_code_of(resp.content)}"
 
     def body(self, prompt: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
-        """A greedy streamed request of exactly ``max_tokens`` tokens."""
+        """A greedy streamed request of exactly ``max_tokens`` tokens, never answered from
+        the response cache (the prompts repeat; what is measured is the pipeline)."""
         return {
             "model": self.model,
             "prompt": prompt,
@@ -142,6 +143,7 @@ class Edge:
             "temperature": 0,
             "ignore_eos": True,
             "stream": True,
+            "cache": "no-cache",
             **extra,
         }
 

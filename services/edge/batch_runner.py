@@ -87,11 +87,16 @@ class BatchRunner:
             log.warning("batch leases not released, Redis away: %r", exc)
 
     async def _forever(self, step: Callable[[], Awaitable[None]], what: str) -> None:
+        away = False  # a dependency outage: the edge's health check warns of it once
         while True:
             try:
                 await step()
+                if away:
+                    log.info("batch %s resumed", what)
+                    away = False
             except TRANSIENT as exc:
-                log.warning("batch %s: %r; retrying", what, exc)
+                log.log(logging.DEBUG if away else logging.INFO, "batch %s paused: %r", what, exc)
+                away = True
                 await asyncio.sleep(1.0)
             except asyncio.CancelledError:
                 raise

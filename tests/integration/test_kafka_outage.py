@@ -115,6 +115,7 @@ def body_of(prompt: str) -> dict[str, Any]:
         "ignore_eos": True,
         "stream": True,
         "return_token_ids": True,
+        "cache": "no-cache",  # the prompts repeat: a cached answer would need no broker
     }
 
 
