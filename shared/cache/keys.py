@@ -27,8 +27,9 @@ from shared.messages import FinishReason, GenerateRequest
 _NOT_OUTPUT = frozenset(
     {"request_id", "created_at", "tenant", "priority", "stream", "reply", "deadline", "cache_store"}
 )
-# Sampling fields that decide nothing about the tokens.
-_NOT_OUTPUT_SAMPLING = frozenset({"logprobs"})
+# Sampling fields that decide nothing about the answer's events. (``logprobs`` decides no
+# token, but the stored events carry them or not: it is part of the key.)
+_NOT_OUTPUT_SAMPLING: frozenset[str] = frozenset()
 # Files of a model folder that decide its output, digested into its identity.
 _MODEL_FILES = (
     "config.json",

@@ -44,6 +44,8 @@ def test_key_covers_what_decides_the_output_and_nothing_else() -> None:
     assert exact_digest(base, "m") != exact_digest(req("hi!"), "m")  # the prompt
     assert exact_digest(base, "m") != exact_digest(req(max_tokens=17), "m")  # a sampling field
     assert exact_digest(base, "m") != exact_digest(base, "m", {"retrieval": "v2"})
+    # logprobs pick no token, but the stored events carry them or not
+    assert exact_digest(base, "m") != exact_digest(req(logprobs=2), "m")
     sampled = [req(temperature=0.7, seed=s) for s in (1, 1, 2)]
     assert exact_digest(sampled[0], "m") == exact_digest(sampled[1], "m")
     assert exact_digest(sampled[0], "m") != exact_digest(sampled[2], "m")  # the seed
