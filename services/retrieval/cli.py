@@ -66,20 +66,22 @@ def _report(verb: str, m: Manifest, started: float) -> None:
     )
 
 
-def cmd_build(args: argparse.Namespace) -> None:
+def _write(args: argparse.Namespace, verb: str, adding: bool) -> None:
+    """Read and embed ``args.paths``, then build the index anew or add to it."""
     started = time.monotonic()
     store, settings = _store()
     docs = read_documents(args.paths, ChunkSpec(args.max_chars, args.overlap))
     emb = _embedder(settings)
-    _report("built", store.build(args.name, docs, emb.embed, emb.identity), started)
+    write = store.add if adding else store.build
+    _report(verb, write(args.name, docs, emb.embed, emb.identity), started)
+
+
+def cmd_build(args: argparse.Namespace) -> None:
+    _write(args, "built", adding=False)
 
 
 def cmd_add(args: argparse.Namespace) -> None:
-    started = time.monotonic()
-    store, settings = _store()
-    docs = read_documents(args.paths, ChunkSpec(args.max_chars, args.overlap))
-    emb = _embedder(settings)
-    _report("updated", store.add(args.name, docs, emb.embed, emb.identity), started)
+    _write(args, "updated", adding=True)
 
 
 def cmd_remove(args: argparse.Namespace) -> None:
