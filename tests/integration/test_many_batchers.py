@@ -42,7 +42,9 @@ async def watch_heartbeats(stk: Stack, worker_id: str, seen: list[WorkerHeartbea
 async def test_two_batchers_never_overfill_a_worker(bare: Stack) -> None:
     stk = bare
     worker_id = f"{stk.prefix}-worker"
-    stk.start("worker", TW_MAX_RUNNING=str(MAX_RUNNING), TW_HEARTBEAT_INTERVAL_S="0.2")
+    # A heartbeat also goes out when requests end (it shows the worker idle), so requests
+    # must outlast the interval for a periodic beat to catch the worker at work.
+    stk.start("worker", TW_MAX_RUNNING=str(MAX_RUNNING), TW_HEARTBEAT_INTERVAL_S="0.1")
     # Windows short enough that both batchers dispatch between two heartbeats.
     fast = {"TW_WINDOW_MIN_MS": "5", "TW_WINDOW_MAX_MS": "10", "TW_INTERACTIVE_RESERVE": "0"}
     stk.start("batcher", "batcher-a", TW_BATCHER_ID=f"{stk.prefix}-a", **fast)
@@ -56,10 +58,10 @@ async def test_two_batchers_never_overfill_a_worker(bare: Stack) -> None:
         GenerateRequest(
             tenant=f"t{i % 4}",
             prompt=f"Request {i} asks the worker to count",
-            sampling=SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
+            sampling=SamplingParams(max_tokens=64, temperature=0, ignore_eos=True),
             reply=ReplyTarget(kafka_topic=topic),
         )
-        for i in range(40)
+        for i in range(24)
     ]
     boot = stk.env["TW_KAFKA_BOOTSTRAP"]
     # Keys spread the burst over both partitions, so both batchers hold some of it.
