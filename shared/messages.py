@@ -18,6 +18,7 @@ RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-
 TenantId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
 
 MAX_STOP_STRINGS = 8
+MAX_PROMPT_TOKEN_IDS = 1 << 20
 SEED_MAX = 2**63 - 1
 
 
@@ -252,6 +253,12 @@ class GenerateRequest(Wire):
     model: str | None = Field(None, max_length=256)
     prompt: str | None = Field(None, max_length=4_000_000)
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1024)
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_PROMPT_TOKEN_IDS,
+        description="the prompt as token ids of the served model's vocabulary",
+    )
     tools: list[dict[str, Any]] | None = Field(
         None,
         max_length=128,
@@ -271,15 +278,22 @@ class GenerateRequest(Wire):
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("exactly one of 'prompt' and 'messages' must be given")
+        given = [self.prompt, self.messages, self.prompt_token_ids]
+        if sum(x is not None for x in given) != 1:
+            raise ValueError(
+                "exactly one of 'prompt', 'messages' and 'prompt_token_ids' must be given"
+            )
+        if self.prompt_token_ids is not None and self.retrieval is not None:
+            raise ValueError("retrieval needs a text prompt or messages, not token ids")
         return self
 
     @property
     def prompt_chars(self) -> int:
-        """Characters of the prompt or of all message contents."""
+        """Characters of the prompt or of all message contents (token ids: their count)."""
         if self.messages is not None:
             return sum(len(m.content) for m in self.messages)
+        if self.prompt_token_ids is not None:
+            return len(self.prompt_token_ids)
         return len(self.prompt or "")
 
     def with_seed(self) -> GenerateRequest:

@@ -310,7 +310,8 @@ class BatcherService:
         # The fair queue's cost is a character-based token estimate: tokenizing happens
         # only for what is dispatched (see _affinity), never for the whole backlog.
         req = p.request
-        cost = req.prompt_chars // 4 + 1 + req.sampling.max_tokens
+        ids = req.prompt_token_ids
+        cost = (len(ids) if ids else req.prompt_chars // 4 + 1) + req.sampling.max_tokens
         self.queue.push(Queued(p, req.tenant, req.priority.rank, cost, now))
 
     def _affinity(self, req: GenerateRequest) -> list[int]:
@@ -324,6 +325,8 @@ class BatcherService:
                 msgs, add_generation_prompt=True, tokenize=False
             )
             ids = self.tokenizer(text[:AFFINITY_CHARS], add_special_tokens=False)["input_ids"]
+        elif req.prompt_token_ids is not None:
+            ids = req.prompt_token_ids
         else:
             ids = self.tokenizer((req.prompt or "")[:AFFINITY_CHARS])["input_ids"]
         return block_hashes(ids, self.settings.block_size, AFFINITY_DEPTH)

@@ -166,7 +166,8 @@ class ResponseCache:
             self.metrics.lookups.labels("exact", "hit" if entry else "miss").inc()
             if entry:
                 return Lookup(CacheResult.EXACT, req, entry)
-        semantic = self.semantic
+        # Token-id prompts have no text to embed: exact lookups only.
+        semantic = self.semantic if req.prompt_token_ids is None else None
         probe = None
         if semantic is not None:
             started = time.perf_counter()

@@ -30,6 +30,7 @@ from services.edge.structured import (
     text_or_call,
 )
 from shared.messages import (
+    MAX_PROMPT_TOKEN_IDS,
     MAX_STOP_STRINGS,
     SEED_MAX,
     ChatMessage,
@@ -44,7 +45,14 @@ from shared.messages import (
 
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
 StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
-PromptList = Annotated[list[str], Field(min_length=1, max_length=1)]
+# A response holds at most this many choices (prompts times ``n``).
+MAX_CHOICES = 64
+MAX_PROMPTS = 16
+TokenIds = Annotated[
+    list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=MAX_PROMPT_TOKEN_IDS)
+]
+PromptList = Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
+TokenIdsList = Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
 
 
 class Strict(BaseModel):
@@ -116,7 +124,13 @@ class _Common(Strict):
     stop: StopString | StopList | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="only one choice per request")
+    n: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="choices per prompt: the prompt is prefilled once and its KV blocks "
+        "shared (prefix cache); each choice samples with a seed of its own",
+    )
     user: str | None = Field(None, max_length=256, description="accepted, not used")
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] = (
         Field(default_factory=dict, max_length=16, description="accepted, not used")
@@ -199,9 +213,22 @@ class _Common(Strict):
     def token_biases(self) -> dict[int, float]:
         return {int(k): v for k, v in self.logit_bias.items()}
 
-    def request_input(self) -> dict[str, Any]:
-        """The prompt or the messages, as GenerateRequest fields."""
+    @model_validator(mode="after")
+    def _choices(self) -> _Common:
+        total = len(self.inputs()) * self.n
+        if total > MAX_CHOICES:
+            raise ValueError(f"prompts times n is {total}; a response holds at most {MAX_CHOICES}")
+        if total > 1 and self.resumable:
+            raise ValueError("a resumable request has one choice (n 1 and one prompt)")
+        return self
+
+    def inputs(self) -> list[dict[str, Any]]:
+        """Each prompt (or the conversation) as GenerateRequest fields."""
         raise NotImplementedError
+
+    @property
+    def choices(self) -> int:
+        return len(self.inputs()) * self.n
 
     def to_request(
         self,
@@ -211,31 +238,60 @@ class _Common(Strict):
         *,
         unfollowed_grace_s: float | None = None,
     ) -> GenerateRequest:
-        """The wire request for this body, its seed fixed now. ``unfollowed_grace_s``
-        applies unless the body is resumable: a request that a client disconnect cancels
-        must also end when its edge dies (no edge is left to cancel it), so workers
-        cancel it once nobody has followed its stream for that long."""
-        grace = None if self.resumable else unfollowed_grace_s
-        return GenerateRequest(
-            request_id=request_id,
-            tenant=tenant,
-            priority=self.priority,
-            model=self.model,
-            sampling=self.sampling(max_tokens),
-            stream=self.stream,
-            reply=ReplyTarget(unfollowed_grace_s=grace),
-            retrieval=self.retrieval.to_wire() if self.retrieval else None,
-            **self.request_input(),
-        ).with_seed()
+        """The wire request of a body with one choice (``ValueError`` for more)."""
+        if self.choices != 1:
+            raise ValueError("n and a list of prompts are served over HTTP only: one choice here")
+        [req] = self.to_requests(
+            request_id, tenant, [max_tokens], unfollowed_grace_s=unfollowed_grace_s
+        )
+        return req
 
-    def sampling(self, max_tokens: int) -> SamplingParams:
+    def to_requests(
+        self,
+        request_id: str,
+        tenant: str,
+        max_tokens: list[int],
+        *,
+        unfollowed_grace_s: float | None = None,
+    ) -> list[GenerateRequest]:
+        """The wire requests of this body, one per choice (index ``prompt * n + j``), their
+        seeds fixed now; ``max_tokens`` per prompt. One choice keeps ``request_id``;
+        several are ``<request_id>-<index>``, choice ``j`` of a prompt seeded with the
+        client's seed plus ``j`` (so the choices differ), or from its own id.
+        ``unfollowed_grace_s`` applies unless the body is resumable: a request that a
+        client disconnect cancels must also end when its edge dies (no edge is left to
+        cancel it), so workers cancel it once nobody has followed its stream for that
+        long."""
+        grace = None if self.resumable else unfollowed_grace_s
+        inputs = self.inputs()
+        single = len(inputs) * self.n == 1
+        out = []
+        for p, (fields, limit) in enumerate(zip(inputs, max_tokens, strict=True)):
+            for j in range(self.n):
+                index = p * self.n + j
+                seed = None if self.seed is None else (self.seed + j) % (SEED_MAX + 1)
+                req = GenerateRequest(
+                    request_id=request_id if single else f"{request_id}-{index}",
+                    tenant=tenant,
+                    priority=self.priority,
+                    model=self.model,
+                    sampling=self.sampling(limit, seed),
+                    stream=self.stream,
+                    reply=ReplyTarget(unfollowed_grace_s=grace),
+                    retrieval=self.retrieval.to_wire() if self.retrieval else None,
+                    **fields,
+                )
+                out.append(req.with_seed())
+        return out
+
+    def sampling(self, max_tokens: int, seed: int | None = None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
-            seed=self.seed,
+            seed=seed,
             stop=stop,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
@@ -260,19 +316,36 @@ def _format_structure(fmt: ResponseFormat | None) -> Structure | None:
 class CompletionBody(_Common):
     """``POST /v1/completions``."""
 
-    prompt: str | PromptList = Field(description="a string (or a list holding one)")
+    prompt: str | PromptList | TokenIds | TokenIdsList = Field(
+        description="a string, token ids, or a list of either (a choice per prompt and n)"
+    )
     logprobs: int | None = Field(
         None, ge=0, le=5, description="each token's log-probability and this many alternatives"
     )
+    echo: bool = Field(False, description="each choice's text begins with its prompt")
+
+    @model_validator(mode="after")
+    def _echo(self) -> CompletionBody:
+        if self.echo and self.logprobs is not None:
+            raise ValueError(
+                "echo with logprobs asks for the prompt's log-probabilities, which are not "
+                "computed; use one or the other"
+            )
+        if self.echo and self.resumable:
+            raise ValueError("a resumed stream does not repeat the prompt: echo is not resumable")
+        return self
 
     def requested_logprobs(self) -> int | None:
         return self.logprobs
 
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-    def request_input(self) -> dict[str, Any]:
-        return {"prompt": self.prompt_text()}
+    def inputs(self) -> list[dict[str, Any]]:
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [{"prompt": prompt}]
+        if all(isinstance(x, int) for x in prompt):
+            return [{"prompt_token_ids": prompt}]
+        key = "prompt" if isinstance(prompt[0], str) else "prompt_token_ids"
+        return [{key: x} for x in prompt]
 
 
 class TextPart(Strict):
@@ -440,8 +513,8 @@ class ChatBody(_Common):
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools]
 
-    def request_input(self) -> dict[str, Any]:
-        return {"messages": self.wire_messages(), "tools": self.wire_tools()}
+    def inputs(self) -> list[dict[str, Any]]:
+        return [{"messages": self.wire_messages(), "tools": self.wire_tools()}]
 
 
 def _functions(tools: list[ToolDef]) -> list[tuple[str, dict[str, Any]]]:

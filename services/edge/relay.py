@@ -70,6 +70,10 @@ class EventStream:
             raise
         return self
 
+    def unfinished(self) -> list[str]:
+        """The request id while the stream has not finished (what a disconnect cancels)."""
+        return [] if self.finished else [self.request_id]
+
     def close(self) -> None:
         if self._subscribed:
             self._subscribed = False

@@ -18,8 +18,9 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from services.edge.cancel import cancel_in_background
+from services.edge.choices import ChoiceStreams
 from services.edge.relay import Event, EventStream
-from services.edge.shapes import CLIENT_ERROR_CODES, Shape, error_of
+from services.edge.shapes import ChoiceResult, Shape, ends_badly, error_of, error_status
 from services.edge.sse import DONE, KEEPALIVE, frame
 from services.edge.state import EdgeState
 
@@ -36,7 +37,7 @@ class RelayPlan:
     """What a relay needs besides the stream."""
 
     st: EdgeState
-    stream: EventStream
+    stream: EventStream | ChoiceStreams
     shape: Shape
     tenant: str
     cancel_on_disconnect: bool
@@ -59,10 +60,13 @@ class _Relay(Response):
         finally:
             plan.stream.close()
             plan.st.metrics.streams.dec()
-            if not completed and plan.cancel_on_disconnect and not plan.stream.finished:
-                plan.st.spawn(
-                    cancel_in_background(plan.st, plan.stream.request_id, plan.tenant, "disconnect")
-                )
+            # A client gone cancels what it would have read; a response ended by one
+            # choice's failure cancels its other choices.
+            gone = not completed and plan.cancel_on_disconnect
+            if gone or plan.stream.finished:
+                source = "disconnect" if gone else "failed"
+                for rid in plan.stream.unfinished():
+                    plan.st.spawn(cancel_in_background(plan.st, rid, plan.tenant, source))
 
     async def relay(self, send: Send) -> None:
         raise NotImplementedError
@@ -111,8 +115,8 @@ class SseRelay(_Relay):
             if not stream.finished:
                 await _body(send, out, more=True)
                 continue
-            last = events[-1]
-            usage = shape.usage_chunk(last) if plan.include_usage else None
+            final = stream.final_event or events[-1]
+            usage = shape.usage_chunk(final) if plan.include_usage else None
             await _body(send, out + (usage or b"") + DONE, more=False)
             return
 
@@ -125,9 +129,7 @@ class JsonRelay(_Relay):
         stream = plan.stream
         loop = asyncio.get_running_loop()
         idle_since = loop.time()
-        text: list[str] = []
-        token_ids: list[int] = []
-        with_logprobs: list[Event] = []
+        choices: dict[int, ChoiceResult] = {}
         while True:
             events = await stream.next(plan.st.settings.keepalive_s)
             if not events:
@@ -141,18 +143,23 @@ class JsonRelay(_Relay):
             idle_since = loop.time()
             self._count(events)
             for ev in events:
-                text.append(ev.get("text", ""))
-                token_ids += ev.get("token_ids", ())
+                index = ev.get("index", 0)
+                c = choices.get(index)
+                if c is None:
+                    c = choices[index] = ChoiceResult(index, "", ev)
+                c.text += ev.get("text", "")
+                c.token_ids += ev.get("token_ids", ())
+                c.last = ev
                 if ev.get("logprobs") is not None:
-                    with_logprobs.append(ev)
+                    c.events.append(ev)
         last = stream.final_event or {}
-        if last.get("error"):
+        if ends_badly(last):
             err = error_of(last)
-            status = 400 if err["code"] in CLIENT_ERROR_CODES else 500
             refusal: dict[str, Any] = {"error": {**err, "param": None}}
-            await _json(send, status, refusal, stream.request_id, plan.cache)
+            await _json(send, error_status(err), refusal, stream.request_id, plan.cache)
             return
-        whole = plan.shape.whole("".join(text), last, token_ids, with_logprobs)
+        ordered = [choices[i] for i in sorted(choices)]
+        whole = plan.shape.whole_choices(ordered, last)
         await _json(send, 200, whole, stream.request_id, plan.cache)
 
 

@@ -7,6 +7,7 @@ the ``created`` time, so any edge resumes a stream exactly as it began.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Callable
@@ -57,20 +58,60 @@ def usage_of(ev: Event) -> dict[str, Any] | None:
 
 
 def error_of(ev: Event) -> dict[str, Any]:
-    """The OpenAI error object for a stream that ended in an error event."""
+    """The OpenAI error object for a stream that ended in an error event, or was
+    cancelled (OpenAI's finish reasons have no "cancelled": the stream ends with an
+    error ``request_cancelled`` instead)."""
+    if ev.get("finish_reason") == CANCELLED and not ev.get("error"):
+        return {
+            "message": "the request was cancelled before it finished",
+            "type": "invalid_request_error",
+            "code": CANCELLED_CODE,
+        }
     err = ev.get("error") or {}
     code = err.get("code", "internal")
     kind = "invalid_request_error" if code in CLIENT_ERROR_CODES else "server_error"
     return {"message": err.get("message", "generation failed"), "type": kind, "code": code}
 
 
+def ends_badly(ev: Event) -> bool:
+    """Whether ``ev`` ends its stream without an answer: an error, or a cancel."""
+    return bool(ev.get("error")) or ev.get("finish_reason") == CANCELLED
+
+
+def error_status(err: dict[str, Any]) -> int:
+    """The HTTP status of a non-streamed response that ended in ``err``."""
+    if err["code"] == CANCELLED_CODE:
+        return 409
+    return 400 if err["code"] in CLIENT_ERROR_CODES else 500
+
+
 # Error codes a worker or batcher reports that are the request's fault (HTTP 400).
 CLIENT_ERROR_CODES = frozenset({"invalid_request", "invalid", "undecodable"})
+CANCELLED = "cancelled"
+CANCELLED_CODE = "request_cancelled"
+
+
+def fingerprint_of(model_identity: str) -> str:
+    """``system_fingerprint``: changes when anything that decides the output does (the
+    model folder's identity: weights, config, tokenizer, template)."""
+    return "fp_" + hashlib.blake2b(model_identity.encode(), digest_size=5).hexdigest()
+
+
+@dataclass
+class ChoiceResult:
+    """One choice of a non-streamed response, gathered from its events."""
+
+    index: int
+    text: str
+    last: Event  # its final event
+    token_ids: list[int] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)  # those that carry log-probabilities
 
 
 @dataclass
 class Shape:
-    """The OpenAI response shapes of one request (text or chat completion)."""
+    """The OpenAI response shapes of one request (text or chat completion). Events of a
+    response with several choices carry their choice's ``index``; without one, choice 0."""
 
     request_id: str
     model: str
@@ -81,49 +122,72 @@ class Shape:
     token_text: Callable[[int], str] = str
     # The output may be a tool call (chat with tools): rendered as ``tool_calls``.
     tools: bool = False
+    fingerprint: str | None = None  # ``system_fingerprint``
+    # ``echo``: each choice's prompt text, put before its first text.
+    echo: list[str] | None = None
+    # Several choices, each its own stream: SSE frames carry no ``id`` (no single seq
+    # orders them; such responses are not resumable).
+    multi: bool = False
     chat: bool = field(init=False)
-    _call: _CallStream | None = field(init=False, default=None)
+    _calls: dict[int, _CallStream] = field(init=False, default_factory=dict)
+    _prefixes: dict[int, bytes] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.chat = is_chat_id(self.request_id)
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        # Each token's chunk is this prefix, its text and a fixed tail: the per-event path
+        self._obj = "chat.completion.chunk" if self.chat else "text_completion"
+        # Each token's chunk is a prefix, its text and a fixed tail: the per-event path
         # encodes one string rather than a nested dict.
-        head = orjson.dumps(
-            {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
-        )
-        self._prefix = head[:-1] + b',"choices":[{"index":0,'
         self._tail = b',"logprobs":null,"finish_reason":null}]}'
 
+    def _prefix(self, index: int) -> bytes:
+        prefix = self._prefixes.get(index)
+        if prefix is None:
+            head = orjson.dumps(self.head(self._obj))
+            prefix = head[:-1] + b',"choices":[{"index":%d,' % index
+            self._prefixes[index] = prefix
+        return prefix
+
     def head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
+        head = {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
+        if self.fingerprint is not None:
+            head["system_fingerprint"] = self.fingerprint
+        return head
+
+    def _text(self, ev: Event) -> str:
+        """The event's text, after its choice's prompt on the first event (``echo``)."""
+        text: str = ev.get("text", "")
+        if self.echo is not None and ev["seq"] == 0:
+            return self.echo[ev.get("index", 0)] + text
+        return text
 
     def chunk_json(self, ev: Event) -> bytes:
         """One event as the JSON of a streamed chunk."""
         if ev.get("finish_reason") is None and ev.get("logprobs") is None:
-            text = orjson.dumps(ev.get("text", ""))
+            text = orjson.dumps(self._text(ev))
             tail = self._tail
             if self.token_ids:
                 tail = b',"token_ids":' + orjson.dumps(ev.get("token_ids", [])) + tail
+            prefix = self._prefix(ev.get("index", 0))
             if not self.chat:
-                return self._prefix + b'"text":' + text + tail
+                return prefix + b'"text":' + text + tail
             role = b'"role":"assistant",' if ev["seq"] == 0 else b""
-            return self._prefix + b'"delta":{' + role + b'"content":' + text + b"}" + tail
+            return prefix + b'"delta":{' + role + b'"content":' + text + b"}" + tail
         return orjson.dumps(self.final_chunk(ev))
 
     def final_chunk(self, ev: Event) -> dict[str, Any]:
         """A chunk built as a dict: the final one, or one that carries log-probabilities."""
         finish = ev.get("finish_reason")
-        text = ev.get("text", "")
+        text = self._text(ev)
+        index = ev.get("index", 0)
         logprobs = self.logprobs([ev]) if ev.get("logprobs") is not None else None
         if self.chat:
             delta: dict[str, Any] = {"content": text}
             if ev["seq"] == 0:
                 delta["role"] = "assistant"
-            choice = {"index": 0, "delta": delta, **self._ids(ev.get("token_ids", []))}
+            choice = {"index": index, "delta": delta, **self._ids(ev.get("token_ids", []))}
             choice.update(logprobs=logprobs, finish_reason=finish)
             return {**self.head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text, **self._ids(ev.get("token_ids", []))}
+        choice = {"index": index, "text": text, **self._ids(ev.get("token_ids", []))}
         choice.update(logprobs=logprobs, finish_reason=finish)
         return {**self.head("text_completion"), "choices": [choice]}
 
@@ -172,45 +236,57 @@ class Shape:
         usage = usage_of(ev)
         if usage is None:
             return None
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return frame({**self.head(obj), "choices": [], "usage": usage})
+        return frame({**self.head(self._obj), "choices": [], "usage": usage})
+
+    def _frame(self, ev: Event, data: bytes) -> bytes:
+        if self.multi:
+            return b"data: %s\n\n" % data
+        return b"id: %d\ndata: %s\n\n" % (ev["seq"], data)
 
     def sse(self, ev: Event) -> bytes:
-        """One event as an SSE frame whose ``id`` is its seq."""
-        if ev.get("error"):
-            return frame({"error": error_of(ev)}, ev["seq"])
+        """One event as SSE: a frame whose ``id`` is its seq (one choice), an error frame
+        for a stream that ended without an answer."""
+        if ends_badly(ev):
+            head = b""
+            if ev.get("text") and not ev.get("error"):  # a cancel's last text still counts
+                head = self._frame(ev, self.chunk_json({**ev, "finish_reason": None}))
+            return head + frame({"error": error_of(ev)}, None if self.multi else ev["seq"])
         if self.tools and self.chat:
             return self._tool_sse(ev)
-        return b"id: %d\ndata: %s\n\n" % (ev["seq"], self.chunk_json(ev))
+        return self._frame(ev, self.chunk_json(ev))
 
     def _tool_sse(self, ev: Event) -> bytes:
         """An event of a chat that may call a tool. Text not starting with ``{`` streams
         as content; a call streams as OpenAI streams one: a first ``delta.tool_calls``
         with the index, id and name, then fragments of the arguments (the closing brace
         of the call held back until the end), then ``finish_reason: tool_calls``."""
-        if self._call is None and (ev.get("text") or ev.get("finish_reason")):
-            self._call = _CallStream(is_call=ev.get("text", "").startswith("{"))
-        call = self._call
+        index = ev.get("index", 0)
+        call = self._calls.get(index)
+        if call is None and (ev.get("text") or ev.get("finish_reason")):
+            call = self._calls[index] = _CallStream(is_call=ev.get("text", "").startswith("{"))
         if call is None or not call.is_call:
-            return b"id: %d\ndata: %s\n\n" % (ev["seq"], self.chunk_json(ev))
+            return self._frame(ev, self.chunk_json(ev))
         chunks = []
-        for delta in call.push(ev.get("text", ""), self.request_id):
-            chunks.append(self._tool_chunk(delta, None))
+        call_id_ = call_id(self.request_id, index)
+        for delta in call.push(ev.get("text", ""), call_id_):
+            chunks.append(self._tool_chunk(index, delta, None))
         finish = ev.get("finish_reason")
         if finish is not None:
             for delta in call.end(finish == "stop"):
-                chunks.append(self._tool_chunk(delta, None))
+                chunks.append(self._tool_chunk(index, delta, None))
             finish = "tool_calls" if finish == "stop" and call.named else finish
-            chunks.append(self._tool_chunk(None, finish))
-        return b"".join(b"id: %d\ndata: %s\n\n" % (ev["seq"], orjson.dumps(c)) for c in chunks)
+            chunks.append(self._tool_chunk(index, None, finish))
+        return b"".join(self._frame(ev, orjson.dumps(c)) for c in chunks)
 
-    def _tool_chunk(self, call: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
+    def _tool_chunk(
+        self, index: int, call: dict[str, Any] | None, finish: str | None
+    ) -> dict[str, Any]:
         delta: dict[str, Any] = {}
         if call is not None:
             if "id" in call:
                 delta.update(role="assistant", content=None)
             delta["tool_calls"] = [call]
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {**self.head("chat.completion.chunk"), "choices": [choice]}
 
     def whole(
@@ -220,28 +296,52 @@ class Shape:
         token_ids: list[int] | None = None,
         events: list[Event] | None = None,
     ) -> dict[str, Any]:
-        """The non-streamed response; ``events`` carry the log-probabilities, if asked."""
-        finish = last.get("finish_reason")
-        ids = self._ids(token_ids or [])
-        asked = events is not None and any(ev.get("logprobs") is not None for ev in events)
-        logprobs = self.logprobs(events or []) if asked else None
-        call = split_call(text) if self.tools and self.chat else None
+        """The non-streamed response of one choice; ``events`` carry the
+        log-probabilities, if asked."""
+        return self.whole_choices(
+            [ChoiceResult(0, text, last, token_ids or [], events or [])], last
+        )
+
+    def whole_choices(self, choices: list[ChoiceResult], final: Event) -> dict[str, Any]:
+        """The non-streamed response: ``choices`` in index order, ``final`` carries the
+        usage of the whole response."""
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {
+            **self.head(obj),
+            "choices": [self._choice(c) for c in choices],
+            "usage": usage_of(final),
+        }
+
+    def _choice(self, c: ChoiceResult) -> dict[str, Any]:
+        finish = c.last.get("finish_reason")
+        ids = self._ids(c.token_ids)
+        asked = any(ev.get("logprobs") is not None for ev in c.events)
+        logprobs = self.logprobs(c.events) if asked else None
+        text = (self.echo[c.index] if self.echo is not None else "") + c.text
+        if not self.chat:
+            return {
+                "index": c.index,
+                "text": text,
+                **ids,
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }
+        call = split_call(text) if self.tools else None
         if call is not None:
             name, arguments = call
             fn = {"name": name, "arguments": arguments}
-            calls = [{"id": call_id(self.request_id), "type": "function", "function": fn}]
-            msg = {"role": "assistant", "content": None, "tool_calls": calls}
+            calls = [{"id": call_id(self.request_id, c.index), "type": "function", "function": fn}]
+            msg: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
             finish = "tool_calls" if finish == "stop" else finish
-            choice = {"index": 0, "message": msg, **ids, "finish_reason": finish}
-            choice["logprobs"] = logprobs
-            return {**self.head("chat.completion"), "choices": [choice], "usage": usage_of(last)}
-        if self.chat:
+        else:
             msg = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": msg, **ids, "finish_reason": finish}
-            choice["logprobs"] = logprobs
-            return {**self.head("chat.completion"), "choices": [choice], "usage": usage_of(last)}
-        choice = {"index": 0, "text": text, **ids, "logprobs": logprobs, "finish_reason": finish}
-        return {**self.head("text_completion"), "choices": [choice], "usage": usage_of(last)}
+        return {
+            "index": c.index,
+            "message": msg,
+            **ids,
+            "finish_reason": finish,
+            "logprobs": logprobs,
+        }
 
 
 @dataclass
@@ -253,7 +353,7 @@ class _CallStream:
     buffer: str = ""
     named: bool = False
 
-    def push(self, text: str, request_id: str) -> list[dict[str, Any]]:
+    def push(self, text: str, call_id_: str) -> list[dict[str, Any]]:
         self.buffer += text
         out = []
         if not self.named:
@@ -263,7 +363,7 @@ class _CallStream:
             self.named = True
             self.buffer = self.buffer[head.end() :]
             fn = {"name": head.group(1), "arguments": ""}
-            out.append({"index": 0, "id": call_id(request_id), "type": "function", "function": fn})
+            out.append({"index": 0, "id": call_id_, "type": "function", "function": fn})
         if len(self.buffer) > 1:
             out.append({"index": 0, "function": {"arguments": self.buffer[:-1]}})
             self.buffer = self.buffer[-1:]

@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -23,6 +24,7 @@ from services.edge.metrics import EdgeMetrics
 from services.edge.model_info import ModelInfo
 from services.edge.ratelimit import RateLimiter
 from services.edge.relay import EventStream
+from services.edge.shapes import fingerprint_of
 from shared.kafka_io import KafkaProbe, RenewingProducer
 from shared.names import Names
 from shared.retry import Dependency
@@ -73,6 +75,11 @@ class EdgeState:
     @property
     def names(self) -> Names:
         return self.settings.names
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """The ``system_fingerprint`` of every response (from the model's identity)."""
+        return fingerprint_of(self.cache.model)
 
     @classmethod
     def build(cls, settings: EdgeSettings, metrics: EdgeMetrics) -> EdgeState:

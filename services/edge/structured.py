@@ -74,9 +74,11 @@ def forced_call(call: dict[str, Any]) -> Structure:
     return Structure(kind="json_schema", spec=_schema_spec(call))
 
 
-def call_id(request_id: str) -> str:
-    """The id of a request's tool call: the same from every edge and on a resume."""
-    return "call_" + request_id.rsplit("-", 1)[-1][-24:]
+def call_id(request_id: str, index: int = 0) -> str:
+    """The id of the tool call of a response's choice ``index``: the same from every edge
+    and on a resume."""
+    base = "call_" + request_id.rsplit("-", 1)[-1][-24:]
+    return base if index == 0 else f"{base}_{index}"
 
 
 def split_call(text: str) -> tuple[str, str] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.errors import KafkaError, KafkaTimeoutError
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 from services.edge.auth import Principal
 from services.edge.cache import publish_hit
 from services.edge.cancel import cancel_in_background
+from services.edge.choices import ChoiceStreams
 from services.edge.errors import (
     ApiError,
     bad_request,
@@ -32,7 +34,7 @@ from services.edge.model_info import INLINE_TOKENIZE_CHARS, TemplateError
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
 from services.edge.retrieval import admit_retrieval
-from services.edge.shapes import new_request_id
+from services.edge.shapes import Shape, created_of, new_request_id
 from services.edge.state import EdgeState
 from shared.cache.keys import CacheMode
 from shared.codec import encode
@@ -47,30 +49,39 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 CHAT_DEFAULT_WITHOUT_CONTEXT = 256  # a model folder that names no context
 
 
-async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) -> GenerateRequest:
-    """The request to publish for ``body``, or an ``ApiError`` saying why not."""
+async def admit(
+    st: EdgeState, who: Principal, body: CompletionBody | ChatBody
+) -> tuple[str, list[GenerateRequest]]:
+    """The response's id and the requests to publish for ``body`` (one per choice), or an
+    ``ApiError`` saying why not."""
     chat = isinstance(body, ChatBody)
     if body.model != st.settings.model_name:
         raise model_not_found(body.model, st.settings.model_name)
     _check_policy(who, body)
-    prompt_tokens = await _count(st, body)
-    if prompt_tokens == 0:
-        raise bad_request("the prompt is empty", param="prompt")
-    max_tokens = _max_tokens(st, body, prompt_tokens, chat)
-    max_tokens = await admit_retrieval(
-        st.settings,
-        body.retrieval,
-        st.model.context,
-        prompt_tokens,
-        max_tokens,
-        body.requested_max_tokens() is not None,
-    )
+    inputs = body.inputs()
+    limits: list[int] = []
+    cost = 0
+    for fields in inputs:
+        prompt_tokens = await _count(st, body, fields)
+        if prompt_tokens == 0:
+            raise bad_request("the prompt is empty", param="prompt")
+        max_tokens = _max_tokens(st, body, prompt_tokens, chat)
+        max_tokens = await admit_retrieval(
+            st.settings,
+            body.retrieval,
+            st.model.context,
+            prompt_tokens,
+            max_tokens,
+            body.requested_max_tokens() is not None,
+        )
+        limits.append(max_tokens)
+        cost += (prompt_tokens + max_tokens) * body.n
     st.health.check()
     _shed(st)
     with st.health.guard("rate limit"):
         verdict = await st.limiter.take(
             who.key_id,
-            prompt_tokens + max_tokens,
+            cost,
             requests_per_min=who.requests_per_min,
             tokens_per_min=who.tokens_per_min,
         )
@@ -79,7 +90,7 @@ async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) 
         if verdict.never:
             _, tpm = st.limiter.limits(who.requests_per_min, who.tokens_per_min)
             raise rate_limited(
-                f"this request needs {prompt_tokens + max_tokens} tokens, more than the "
+                f"this request needs {cost} tokens, more than the "
                 f"{tpm} tokens per minute this key may use",
                 verdict.retry_after_s,
                 code="request_too_large",
@@ -88,15 +99,14 @@ async def admit(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) 
             "rate limit reached for this API key; retry after the time in Retry-After",
             verdict.retry_after_s,
         )
+    rid = new_request_id(chat, time.time())
     try:
-        return body.to_request(
-            new_request_id(chat, time.time()),
-            who.tenant,
-            max_tokens,
-            unfollowed_grace_s=st.settings.unfollowed_grace_s,
+        reqs = body.to_requests(
+            rid, who.tenant, limits, unfollowed_grace_s=st.settings.unfollowed_grace_s
         )
     except ValidationError as exc:
         raise bad_request(f"invalid request: {exc.errors()[0]['msg']}") from None
+    return rid, reqs
 
 
 def _check_policy(who: Principal, body: CompletionBody | ChatBody) -> None:
@@ -113,17 +123,19 @@ def _check_policy(who: Principal, body: CompletionBody | ChatBody) -> None:
         raise forbidden(f"this API key may not use priority '{body.priority}'", param="priority")
 
 
-async def submit(st: EdgeState, req: GenerateRequest) -> EventStream:
+async def submit(st: EdgeState, req: GenerateRequest, key: str | None = None) -> EventStream:
     """Subscribe to the request's stream, record its owner and hand the request to Kafka
     (acks=all), all at once: three round trips in the time of the longest, Kafka's. The
     stream reads the replay log once subscribed, so an event published before the
     subscription took hold is not missed. If Kafka refuses the request, it exists nowhere;
     if Redis fails while Kafka takes it, the request could be neither followed nor
-    cancelled by its owner, so it is cancelled and the client told to retry (503)."""
+    cancelled by its owner, so it is cancelled and the client told to retry (503).
+    ``key`` is the Kafka key (the request id by default): the choices of one response
+    share one, so one batcher routes them together."""
     names = st.names
     stream = st.event_stream(req.request_id, after_seq=-1)
     owner = st.redis.set(names.owner(req.request_id), req.tenant, ex=st.settings.owner_ttl_s)
-    send = _queue(st, req)
+    send = _queue(st, req, key or req.request_id)
     # All run to the end, so a failure of one never leaves another half done.
     results: tuple[Any, ...] = await asyncio.gather(
         stream.open(), owner, send, return_exceptions=True
@@ -139,14 +151,40 @@ async def submit(st: EdgeState, req: GenerateRequest) -> EventStream:
 
 
 async def submit_cached(
-    st: EdgeState, req: GenerateRequest, body: CompletionBody | ChatBody
+    st: EdgeState, req: GenerateRequest, body: CompletionBody | ChatBody, key: str | None = None
 ) -> tuple[EventStream, CacheResult]:
     """``submit``, unless the response cache has the answer: then the answer is replayed
     on a stream of the request's own (``serve_hit``) and nothing goes to Kafka."""
     found = await st.cache.lookup(req, CacheMode(body.cache), client_seeded=body.seed is not None)
     if found.entry is None:
-        return await submit(st, found.request), found.result
+        return await submit(st, found.request, key), found.result
     return await serve_hit(st, req, found.entry, found.result), found.result
+
+
+async def submit_choices(
+    st: EdgeState, response_id: str, reqs: list[GenerateRequest], body: CompletionBody | ChatBody
+) -> tuple[EventStream | ChoiceStreams, str]:
+    """Submit the requests of a response's choices (``submit_cached`` each, all keyed by
+    the response's id) and open one stream over them; with where the answer came from
+    (one cache result, or ``miss`` when the choices differ). If one fails, those
+    submitted are cancelled and the client gets the failure."""
+    if len(reqs) == 1:
+        stream, cached = await submit_cached(st, reqs[0], body)
+        return stream, cached.value
+    results: list[Any] = await asyncio.gather(
+        *(submit_cached(st, r, body, response_id) for r in reqs), return_exceptions=True
+    )
+    failed = [res for res in results if isinstance(res, BaseException)]
+    if failed:
+        for req, res in zip(reqs, results, strict=True):
+            if not isinstance(res, BaseException):
+                res[0].close()
+                st.spawn(cancel_in_background(st, req.request_id, req.tenant, "unavailable"))
+        raise failed[0]
+    kinds = {cached.value for _, cached in results}
+    prompts = [i // body.n for i in range(len(reqs))]  # choice i answers prompt i // n
+    merged = ChoiceStreams(response_id, [stream for stream, _ in results], prompts)
+    return merged, kinds.pop() if len(kinds) == 1 else CacheResult.MISS.value
 
 
 async def serve_hit(
@@ -169,11 +207,55 @@ async def serve_hit(
     return stream
 
 
+@dataclass
+class Opened:
+    """A submitted response: its stream, its shape and where its answer comes from."""
+
+    stream: EventStream | ChoiceStreams
+    shape: Shape
+    cache: str
+    created_at: float  # wall clock, when admitted
+
+
+async def open_response(st: EdgeState, who: Principal, body: CompletionBody | ChatBody) -> Opened:
+    """Admit ``body``, submit its choices and open its stream (what both the HTTP routes
+    and the WebSocket serve)."""
+    rid, reqs = await admit(st, who, body)
+    echo = _echo_texts(st, body) if isinstance(body, CompletionBody) and body.echo else None
+    stream, cached = await submit_choices(st, rid, reqs, body)
+    shape = Shape(
+        rid,
+        st.settings.model_name,
+        created_of(rid),
+        token_ids=body.return_token_ids,
+        token_text=st.model.token_text,
+        tools=isinstance(body, ChatBody) and body.calls_tools,
+        fingerprint=st.fingerprint,
+        echo=echo,
+        multi=len(reqs) > 1,
+    )
+    return Opened(stream, shape, cached, reqs[0].created_at)
+
+
+def _echo_texts(st: EdgeState, body: CompletionBody) -> list[str]:
+    """Each choice's prompt text, for ``echo`` (token ids decoded)."""
+    texts = []
+    for fields in body.inputs():
+        ids = fields.get("prompt_token_ids")
+        if ids is None:
+            texts.append(fields["prompt"])
+        elif st.model.tokenizer is None:
+            raise bad_request("echo of token ids needs the edge's tokenizer", param="echo")
+        else:
+            texts.append(st.model.decode(ids))
+    return [t for t in texts for _ in range(body.n)]
+
+
 class QueueTimeout(KafkaTimeoutError):
     """Kafka did not acknowledge the request in time; it may still reach Kafka later."""
 
 
-async def _queue(st: EdgeState, req: GenerateRequest) -> None:
+async def _queue(st: EdgeState, req: GenerateRequest, key: str) -> None:
     """Hand ``req`` to Kafka and wait for the acknowledgement, at most the request
     timeout. The idempotent producer never gives a message up (it retries until the
     broker is back), so past the timeout the client is answered while the message may
@@ -182,9 +264,7 @@ async def _queue(st: EdgeState, req: GenerateRequest) -> None:
     fut: asyncio.Future[Any] | None = None
     try:
         async with asyncio.timeout(timeout_s):
-            fut = await st.producer.send(
-                st.names.requests, encode(req), key=req.request_id.encode()
-            )
+            fut = await st.producer.send(st.names.requests, encode(req), key=key.encode())
             await asyncio.shield(fut)
     except TimeoutError:
         if fut is None:  # still waiting for metadata: nothing was handed over
@@ -219,7 +299,8 @@ def _raise_for(
             raise res
 
 
-async def _count(st: EdgeState, body: CompletionBody | ChatBody) -> int:
+async def _count(st: EdgeState, body: CompletionBody | ChatBody, fields: dict[str, Any]) -> int:
+    """Prompt tokens of one input of ``body`` (``fields``: GenerateRequest fields)."""
     model = st.model
     try:
         if isinstance(body, ChatBody):
@@ -229,7 +310,15 @@ async def _count(st: EdgeState, body: CompletionBody | ChatBody) -> int:
             if size <= INLINE_TOKENIZE_CHARS:
                 return model.count_chat(msgs, tools)
             return await asyncio.to_thread(model.count_chat, msgs, tools)
-        text = body.prompt_text()
+        ids = fields.get("prompt_token_ids")
+        if ids is not None:
+            if body.retrieval is not None:
+                raise bad_request("retrieval needs a text prompt, not token ids", param="prompt")
+            vocab = model.vocab_size if model.tokenizer is not None else None
+            if vocab is not None and max(ids) >= vocab:
+                raise bad_request(f"token ids must lie in [0, {vocab})", param="prompt")
+            return len(ids)
+        text = fields["prompt"]
         if len(text) <= INLINE_TOKENIZE_CHARS:
             return model.count_prompt(text)
         return await asyncio.to_thread(model.count_prompt, text)
@@ -288,4 +377,4 @@ def _shed(st: EdgeState) -> None:
         )
 
 
-__all__ = ["ApiError", "admit", "serve_hit", "submit", "submit_cached"]
+__all__ = ["ApiError", "Opened", "admit", "open_response", "serve_hit", "submit", "submit_cached"]

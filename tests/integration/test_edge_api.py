@@ -22,6 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
+from services.bench.prometheus import scrape
 from services.edge.auth import hash_key
 from shared import registry, token_stream
 from shared.codec import decode, encode
@@ -354,8 +355,9 @@ async def test_cancel_mid_stream_ends_it_and_frees_the_sequence(edges: Edges) ->
     ids = [i for i, _ in got if i is not None]
     assert ids == list(range(len(ids)))
     assert ids[-1] == info["last_event_id"]  # no token after the acknowledged end
+    # OpenAI's finish reasons have no "cancelled": the stream ends with an error.
     final = orjson.loads(got[-2][1])
-    assert final["choices"][0]["finish_reason"] == "cancelled"
+    assert final["error"]["code"] == "request_cancelled", final
     assert info["usage"]["completion_tokens"] < LONG["max_tokens"]
     hb = await _wait_idle_worker(edges)
     assert (hb.running, hb.kv_used_tokens) == (0, 0)
@@ -377,8 +379,7 @@ async def test_cancel_right_after_submission(edges: Edges) -> None:
         ack = await http.post(edges.url("a") + f"/v1/requests/{rid}/cancel", headers=auth(ACME))
         events = await sse(r)
     assert ack.json()["status"] == "cancelled"
-    final = orjson.loads(events[-2][1])["choices"][0]
-    assert final["finish_reason"] == "cancelled"
+    assert orjson.loads(events[-2][1])["error"]["code"] == "request_cancelled"
     assert len(events) - 1 < LONG["max_tokens"]
 
 
@@ -442,8 +443,8 @@ async def test_websocket_streams_cancels_and_resumes(edges: Edges) -> None:
             n += orjson.loads(await ws.recv())["type"] == "event"
         await ws.send(orjson.dumps({"type": "cancel"}))
         frames = await _ws_until_done(ws)
-        last = [f for f in frames if f["type"] == "event"][-1]
-        assert last["data"]["choices"][0]["finish_reason"] == "cancelled"
+        assert frames[-3]["type"] == "error", frames[-3:]
+        assert frames[-3]["error"]["code"] == "request_cancelled"
         await ws.send(orjson.dumps({"type": "resume", "request_id": rid.replace("cmpl", "x")}))
         assert orjson.loads(await ws.recv())["status"] == 404
 
@@ -466,7 +467,7 @@ async def _ws_until_done(ws: ClientConnection) -> list[dict[str, Any]]:
     while True:
         f = orjson.loads(await ws.recv())
         frames.append(f)
-        if f["type"] in ("done", "error"):
+        if f["type"] == "done" or (f["type"] == "error" and "status" in f):  # or a refusal
             return frames
 
 
@@ -539,7 +540,7 @@ async def _poll_status(
         ({"prompt": "word " * 2100}, "context_length_exceeded"),
         ({"prompt": "word " * 1000, "max_tokens": 1500}, "context_length_exceeded"),
         ({"prompt": ""}, None),
-        ({"n": 3}, None),
+        ({"n": 17}, None),
         ({"stop": ["x"] * 20}, None),
         ({"temperature": "hot"}, None),
         ({"best_of": 2}, "unsupported_parameter"),
@@ -744,3 +745,103 @@ async def test_logprobs_through_the_openai_client_streamed_and_not(edges: Edges)
         assert c.bytes == list(c.token.encode())
     plain = await client.chat.completions.create(messages=msgs, **common)  # type: ignore[arg-type]
     assert plain.choices[0].logprobs is None
+
+
+# --- several choices, token-id prompts, echo ------------------------------------------------
+async def test_n_choices_prefill_the_prompt_once(edges: Edges) -> None:
+    """n=4 answers with four choices, each with its own index, seed and finish reason;
+    the worker prefills the prompt once (its prefix-cache counters show the other three
+    choices served from the first one's blocks). Seeded: the same choices again."""
+    client = openai.AsyncOpenAI(base_url=edges.url("a") + "/v1", api_key=ACME, max_retries=0)
+    metrics = f"http://127.0.0.1:{edges.stack.metrics_ports['worker']}/metrics"
+    nonce = uuid.uuid4().hex[:8]
+    prompt = f"Note {nonce}. The module docstring explains that the function returns " * 3
+    before = await scrape(metrics)
+    common = {"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 1.0}
+    whole = await client.completions.create(n=4, seed=7, **common)  # type: ignore[call-overload]
+    await asyncio.sleep(1.5)  # the worker's metrics count each choice as it settles
+    after = await scrape(metrics)
+    assert [c.index for c in whole.choices] == [0, 1, 2, 3]
+    assert all(c.finish_reason in ("stop", "length") for c in whole.choices)
+    assert len({c.text for c in whole.choices}) > 1, "four seeds, four samples"
+    assert whole.usage is not None
+    prompt_tokens = whole.usage.prompt_tokens  # counted once for the four choices
+    cached = after["tw_prefix_cache_hit_tokens_total"] - before["tw_prefix_cache_hit_tokens_total"]
+    computed = after["tw_prefill_tokens_total"] - before["tw_prefill_tokens_total"]
+    full_blocks = (prompt_tokens - 1) // 16 * 16
+    assert cached >= 3 * full_blocks, (cached, prompt_tokens)
+    assert computed <= prompt_tokens + 3 * 16, (computed, prompt_tokens)
+    assert whole.usage.completion_tokens >= 4  # every choice's tokens
+    again = await client.completions.create(n=4, seed=7, **common)  # type: ignore[call-overload]
+    assert [c.text for c in again.choices] == [c.text for c in whole.choices]
+    # Streamed: chunks of both choices, each adding up to its non-streamed text.
+    parts: dict[int, str] = {}
+    finishes: dict[int, str | None] = {}
+    stream = await client.completions.create(  # type: ignore[call-overload]
+        n=4, seed=7, stream=True, stream_options={"include_usage": True}, **common
+    )
+    usage = None
+    async for chunk in stream:
+        for c in chunk.choices:
+            parts[c.index] = parts.get(c.index, "") + c.text
+            finishes[c.index] = c.finish_reason or finishes.get(c.index)
+        usage = chunk.usage or usage
+    assert [parts[i] for i in range(4)] == [c.text for c in whole.choices]
+    assert [finishes[i] for i in range(4)] == [c.finish_reason for c in whole.choices]
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+    chat = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What does the function return?"}],
+        max_tokens=8,
+        temperature=0,
+        n=2,
+    )
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content == chat.choices[1].message.content  # greedy
+    await client.close()
+
+
+async def test_prompt_lists_token_ids_echo_and_fingerprint(edges: Edges) -> None:
+    """A list of prompts answers a choice per prompt, in order; a prompt given as token
+    ids answers as its text does; echo puts each prompt before its completion; every
+    response carries the same ``system_fingerprint``."""
+    client = openai.AsyncOpenAI(base_url=edges.url("a") + "/v1", api_key=ACME, max_retries=0)
+    greedy = {"model": MODEL, "max_tokens": 8, "temperature": 0}
+    first, second = "The function returns a list of", "A class holds"
+    singles = [await client.completions.create(prompt=p, **greedy) for p in (first, second)]
+    listed = await client.completions.create(prompt=[first, second], **greedy)
+    assert [c.text for c in listed.choices] == [s.choices[0].text for s in singles]
+    assert listed.usage is not None and singles[0].usage is not None
+    assert singles[1].usage is not None
+    assert listed.usage.prompt_tokens == singles[0].usage.prompt_tokens + (
+        singles[1].usage.prompt_tokens
+    )
+    async with httpx.AsyncClient(timeout=30) as http:
+        tok = await http.post(
+            edges.url("a") + "/tokenize", json={"model": MODEL, "prompt": first}, headers=auth(ACME)
+        )
+    ids = tok.json()["tokens"]
+    by_ids = await client.completions.create(prompt=ids, **greedy)
+    assert by_ids.choices[0].text == singles[0].choices[0].text
+    both = await client.completions.create(prompt=[ids, ids[:3]], **greedy)
+    assert both.choices[0].text == singles[0].choices[0].text and len(both.choices) == 2
+    echoed = await client.completions.create(prompt=first, echo=True, **greedy)
+    assert echoed.choices[0].text == first + singles[0].choices[0].text
+    parts = []
+    stream = await client.completions.create(prompt=first, echo=True, stream=True, **greedy)
+    async for chunk in stream:
+        parts += [c.text for c in chunk.choices]
+    assert "".join(parts) == echoed.choices[0].text
+    prints = {r.system_fingerprint for r in (*singles, listed, by_ids, echoed)}
+    assert len(prints) == 1 and prints.pop().startswith("fp_")  # type: ignore[union-attr]
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=30) as http:
+        for bad, param in (
+            ({"prompt": [10**9]}, "prompt"),
+            ({"prompt": first, "echo": True, "logprobs": 1}, None),
+            ({"prompt": first, "n": 2, "resumable": True}, None),
+        ):
+            r = await http.post("/v1/completions", json={**greedy, **bad}, headers=auth(ACME))
+            assert r.status_code == 400, r.text
+            if param:
+                assert r.json()["error"]["param"] == param
+    await client.close()

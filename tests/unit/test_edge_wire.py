@@ -135,11 +135,19 @@ def test_bodies_map_onto_generate_requests() -> None:
     [
         {"max_tokens": -1},
         {"max_tokens": 0},
-        {"n": 2},
+        {"n": 17},
+        {"n": 5, "prompt": ["a"] * 13},  # 65 choices
+        {"n": 2, "resumable": True},
+        {"echo": True, "logprobs": 1},
+        {"echo": True, "resumable": True},
         {"temperature": 3},
         {"stop": [""]},
         {"stop": ["a"] * 9},
-        {"prompt": ["a", "b"]},
+        {"prompt": ["a"] * 17},
+        {"prompt": []},
+        {"prompt": [[]]},
+        {"prompt": [-1]},
+        {"prompt": [1, "a"]},
         {"prompt": 5},
         {"seed": -1},
     ],
@@ -151,7 +159,6 @@ def test_bad_parameters_fail_validation(patch: dict[str, object]) -> None:
 
 # OpenAI request fields this server does not implement: each must be refused, none ignored.
 UNSUPPORTED = {
-    "echo": True,
     "best_of": 2,
     "suffix": "x",
     "min_p": 0.1,
@@ -335,3 +342,28 @@ def test_penalties_and_biases_map_onto_the_wire() -> None:
     for bad in ({"logit_bias": {"x": 1}}, {"logit_bias": {"1": 101}}, {"presence_penalty": 2.5}):
         with pytest.raises(ValidationError):
             CompletionBody.model_validate({"model": "m", "prompt": "x", **bad})
+
+
+def test_choices_fan_out_one_request_each() -> None:
+    """Prompts times n choices, index ``prompt * n + j``; choice j of a prompt samples with
+    the client's seed plus j; one choice keeps the response's id."""
+    body = CompletionBody.model_validate(
+        {"model": "m", "prompt": ["a", "b"], "n": 3, "seed": 10, "temperature": 1}
+    )
+    reqs = body.to_requests("cmpl-1", "t", [4, 5])
+    assert [r.request_id for r in reqs] == [f"cmpl-1-{i}" for i in range(6)]
+    assert [r.prompt for r in reqs] == ["a"] * 3 + ["b"] * 3
+    assert [r.sampling.seed for r in reqs] == [10, 11, 12] * 2
+    assert [r.sampling.max_tokens for r in reqs] == [4] * 3 + [5] * 3
+    unseeded = CompletionBody.model_validate({"model": "m", "prompt": [1, 2, 3], "n": 2})
+    a, b = unseeded.to_requests("cmpl-2", "t", [4])
+    assert a.prompt_token_ids == b.prompt_token_ids == [1, 2, 3]
+    assert a.sampling.seed != b.sampling.seed  # each derived from its own id
+    lists = CompletionBody.model_validate({"model": "m", "prompt": [[1], [2, 3]]})
+    assert [r.prompt_token_ids for r in lists.to_requests("cmpl-3", "t", [1, 1])] == [[1], [2, 3]]
+    [one] = CompletionBody.model_validate({"model": "m", "prompt": "x"}).to_requests(
+        "cmpl-4", "t", [2]
+    )
+    assert one.request_id == "cmpl-4"
+    with pytest.raises(ValueError, match="one choice"):  # bulk lines: one request per line
+        body.to_request("cmpl-5", "t", 4)

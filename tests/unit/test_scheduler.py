@@ -415,3 +415,50 @@ def test_without_prefix_cache_everything_is_computed() -> None:
     sim.step()
     assert second.num_cached_prompt == 0
     assert sim.history[-1] == [Planned("second", 0, 65, True)]
+
+
+def test_prompts_sent_together_prefill_their_shared_blocks_once() -> None:
+    """The choices of an n > 1 request arrive together: one prefills, the others wait for
+    its blocks to reach the prefix cache, then compute only their last block."""
+    sim = Sim(block_size=16, prefill_chunk=32)
+    same = [*prompt(0, 64), 5]
+    choices = [sim.add(f"c{i}", same, 3) for i in range(4)]
+    other = sim.add("other", prompt(1, 20), 3)  # nothing shared: admitted at once
+    first = sim.step()
+    assert planned_ids(first) == ["c0", "other"]
+    sim.run()
+    assert [c.num_cached_prompt for c in choices] == [0, 64, 64, 64]
+    computed = sum(p.num_tokens for step in sim.history for p in step if p.request_id != "other")
+    assert computed == 65 + 3 * 1 + 4 * 2  # one prefill, three last tokens, the decodes
+    for seq in [*choices, other]:
+        assert seq.output_ids == sim.expected_output(seq)
+
+
+def test_a_prompt_sharing_little_with_a_prefill_does_not_wait_for_it() -> None:
+    sim = Sim(block_size=16)
+    system = prompt(0, 16)
+    sim.add("a", system + prompt(1, 64), 2)
+    b = sim.add("b", system + prompt(2, 64), 2)
+    sim.step()
+    assert b.status is Status.RUNNING and b.num_cached_prompt == 0
+
+
+def test_waiting_for_a_bulk_prefill_never_delays_an_interactive_prompt() -> None:
+    sim = Sim(block_size=16, prefill_chunk=16)
+    same = [*prompt(0, 64), 5]
+    sim.add("bulk", same, 2, BULK)
+    sim.step()
+    chat = sim.add("chat", same, 2, INTERACTIVE)
+    sim.step()
+    assert chat.status is Status.RUNNING  # not held back behind a less urgent prefill
+    sim.run()
+    assert chat.output_ids == sim.expected_output(chat)
+
+
+def test_without_prefix_cache_nothing_waits_for_another_prefill() -> None:
+    sim = Sim(block_size=16, prefix_cache=False)
+    same = [*prompt(0, 64), 5]
+    sim.add("a", same, 2)
+    b = sim.add("b", same, 2)
+    sim.step()
+    assert b.status is Status.RUNNING

@@ -9,8 +9,7 @@ from services.edge.auth import Principal
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.responses import JsonRelay, RelayPlan, SseRelay
 from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
-from services.edge.shapes import Shape, created_of
-from services.edge.submit import admit, submit_cached
+from services.edge.submit import open_response
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
@@ -29,23 +28,15 @@ async def chat_completions(body: ChatBody, request: Request, who: Caller) -> Res
 
 async def generate(request: Request, who: Principal, body: CompletionBody | ChatBody) -> Response:
     st = edge_state(request)
-    req = await admit(st, who, body)
-    stream, cached = await submit_cached(st, req, body)
+    opened = await open_response(st, who, body)
     plan = RelayPlan(
         st,
-        stream,
-        Shape(
-            req.request_id,
-            st.settings.model_name,
-            created_of(req.request_id),
-            token_ids=body.return_token_ids,
-            token_text=st.model.token_text,
-            tools=isinstance(body, ChatBody) and body.calls_tools,
-        ),
+        opened.stream,
+        opened.shape,
         who.tenant,
         cancel_on_disconnect=not body.resumable,
         include_usage=body.include_usage,
-        created_at=req.created_at,
-        cache=cached.value,
+        created_at=opened.created_at,
+        cache=opened.cache,
     )
     return SseRelay(plan) if body.stream else JsonRelay(plan)

@@ -48,6 +48,7 @@ async def resume(
         created_of(request_id),
         token_ids=return_token_ids,
         token_text=st.model.token_text,
+        fingerprint=st.fingerprint,
     )
     plan = RelayPlan(
         st, stream, shape, who.tenant, cancel_on_disconnect=False, include_usage=include_usage

@@ -24,12 +24,13 @@ from pydantic import ValidationError
 
 from services.edge.auth import Principal, bearer_token
 from services.edge.cancel import cancel_in_background, cancel_request, owner_of
+from services.edge.choices import ChoiceStreams
 from services.edge.errors import ApiError, bad_request, not_found
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
-from services.edge.shapes import Shape, created_of, error_of, usage_of
+from services.edge.shapes import Shape, created_of, ends_badly, error_of, usage_of
 from services.edge.state import EdgeState
-from services.edge.submit import admit, submit_cached
+from services.edge.submit import open_response
 
 router = APIRouter()
 BODIES: dict[str, type[CompletionBody] | type[ChatBody]] = {
@@ -71,24 +72,16 @@ async def _handle(
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
             raise bad_request(f"{loc}: {first['msg']}" if loc else str(first["msg"])) from None
-        req = await admit(st, who, body)
-        stream, cached = await submit_cached(st, req, body)
-        shape = Shape(
-            req.request_id,
-            st.settings.model_name,
-            created_of(req.request_id),
-            token_ids=body.return_token_ids,
-            token_text=st.model.token_text,
-        )
+        opened = await open_response(st, who, body)
         await _relay(
             ws,
             inbox,
             st,
             who,
-            stream,
-            shape,
+            opened.stream,
+            opened.shape,
             cancel_on_disconnect=not body.resumable,
-            cache=cached.value,
+            cache=opened.cache,
         )
     elif kind == "resume":
         rid = str(msg.get("request_id", ""))
@@ -100,7 +93,13 @@ async def _handle(
         stream = st.event_stream(rid, after_seq=after)
         with st.health.guard("stream open", rid):
             await stream.open()
-        shape = Shape(rid, st.settings.model_name, created_of(rid), token_text=st.model.token_text)
+        shape = Shape(
+            rid,
+            st.settings.model_name,
+            created_of(rid),
+            token_text=st.model.token_text,
+            fingerprint=st.fingerprint,
+        )
         await _relay(ws, inbox, st, who, stream, shape, cancel_on_disconnect=False)
     elif kind == "cancel" and msg.get("request_id"):
         rid = str(msg["request_id"])
@@ -119,7 +118,7 @@ async def _relay(
     inbox: _Inbox,
     st: EdgeState,
     who: Principal,
-    stream: EventStream,
+    stream: EventStream | ChoiceStreams,
     shape: Shape,
     *,
     cancel_on_disconnect: bool,
@@ -128,7 +127,7 @@ async def _relay(
     """Pump the stream to the socket while listening for a cancel or a disconnect. The
     first message names the request and where its answer comes from (``cache``)."""
     rid = stream.request_id
-    listener = asyncio.ensure_future(_listen(inbox, st, who, rid))
+    listener = asyncio.ensure_future(_listen(inbox, st, who, stream))
     pump = asyncio.ensure_future(_pump(ws, st, stream, shape))
     st.metrics.streams.inc()
     try:
@@ -140,13 +139,18 @@ async def _relay(
         for t in (listener, pump):
             t.cancel()
         await asyncio.gather(listener, pump, return_exceptions=True)
-    if pump.cancelled() or pump.exception() is not None:
-        if cancel_on_disconnect and not stream.finished:
-            st.spawn(cancel_in_background(st, rid, who.tenant, "disconnect"))
+    gone = pump.cancelled() or pump.exception() is not None
+    if (gone and cancel_on_disconnect) or stream.finished:
+        # What a gone client would have read, or a failed response's other choices.
+        for left in stream.unfinished():
+            st.spawn(cancel_in_background(st, left, who.tenant, "disconnect" if gone else "failed"))
+    if gone:
         raise WebSocketDisconnect()
 
 
-async def _pump(ws: WebSocket, st: EdgeState, stream: EventStream, shape: Shape) -> None:
+async def _pump(
+    ws: WebSocket, st: EdgeState, stream: EventStream | ChoiceStreams, shape: Shape
+) -> None:
     settings = st.settings
     idle = 0.0
     while True:
@@ -167,7 +171,7 @@ async def _pump(ws: WebSocket, st: EdgeState, stream: EventStream, shape: Shape)
         idle = 0.0
         st.metrics.events.inc(len(events))
         for ev in events:
-            if ev.get("error"):
+            if ends_badly(ev):
                 await _send(ws, {"type": "error", "id": ev["seq"], "error": error_of(ev)})
             else:
                 frame = b'{"type":"event","id":%d,"data":%s}' % (ev["seq"], shape.chunk_json(ev))
@@ -178,16 +182,20 @@ async def _pump(ws: WebSocket, st: EdgeState, stream: EventStream, shape: Shape)
     await _send(ws, {"type": "done"})
 
 
-async def _listen(inbox: _Inbox, st: EdgeState, who: Principal, rid: str) -> None:
-    """Until the client goes: a ``cancel`` message cancels the request being relayed;
-    any other message waits in the inbox until the relay ends."""
+async def _listen(
+    inbox: _Inbox, st: EdgeState, who: Principal, stream: EventStream | ChoiceStreams
+) -> None:
+    """Until the client goes: a ``cancel`` message cancels the request being relayed (all
+    its choices); any other message waits in the inbox until the relay ends."""
+    rid = stream.request_id
     while True:
         msg = await _receive(inbox.ws)
         # Nothing awaits between the receive and this: cancelling the listener when the
         # relay ends never drops a message (a client may send its next one right after
         # the "done" frame).
         if msg.get("type") == "cancel" and msg.get("request_id", rid) == rid:
-            st.spawn(cancel_in_background(st, rid, who.tenant, "api"))
+            for left in stream.unfinished():
+                st.spawn(cancel_in_background(st, left, who.tenant, "api"))
         else:
             inbox.later.append(msg)
 

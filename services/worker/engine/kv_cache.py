@@ -407,6 +407,8 @@ class KVCache(Protocol):
     @property
     def num_blocks(self) -> int: ...
     @property
+    def enable_prefix_cache(self) -> bool: ...
+    @property
     def stats(self) -> KVStats: ...
     def table(self, seq_id: str) -> KVBlocks: ...
     def cached_prefix_blocks(self, token_ids: Sequence[int]) -> list[int]: ...
@@ -457,6 +459,10 @@ class LayerGroupsKV:
     @property
     def num_free_blocks(self) -> int:
         return len(self.pool.free)
+
+    @property
+    def enable_prefix_cache(self) -> bool:
+        return self.groups[0].enable_prefix_cache
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -2,7 +2,9 @@
 
 Every step: running sequences first get their next token (decode) or prefill chunk, then
 waiting ones are admitted — interactive before bulk, then by arrival — while the step's
-token budget, the running-sequence cap and the KV blocks allow. A step that prefills an
+token budget, the running-sequence cap and the KV blocks allow. A waiting prompt whose
+uncached blocks are mostly being prefilled by a running sequence waits for them to reach
+the prefix cache (``n`` > 1 prefills its prompt once). A step that prefills an
 interactive prompt leaves running bulk sequences out, so bulk delays a chat's first token
 by no more than the step already in progress. A running sequence that cannot grow preempts
 the lowest-priority, most recently arrived one (its KV is freed and recomputed later,
@@ -156,17 +158,21 @@ class Scheduler:
         # joins in the next one.
         prefills = [w.seq.priority for w in plan.work if w.num_tokens > 1]
         urgent = min(prefills + ([] if cut is None else [cut]), default=None)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
-            seq = self.waiting[0]
+        at = 0
+        while at < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_running:
+            seq = self.waiting[at]
             if plan.preempted and seq.sort_key >= plan.preempted[-1].sort_key:
                 break  # memory is short this step: don't admit what we just evicted
             if urgent is not None and seq.priority > urgent:
                 break
             ids, cached, n = self._first_chunk(seq, budget)
+            if self._prefilled_by_another(seq, ids, cached):
+                at += 1
+                continue
             if not self.kv.can_allocate(seq.request_id, ids, cached + n):
                 break  # head-of-line waits: admission never overcommits KV
             hit = self.kv.allocate(seq.request_id, ids, cached + n)
-            self.waiting.pop(0)
+            self.waiting.pop(at)
             seq.num_computed = hit
             if seq.num_preemptions == 0:
                 seq.num_cached_prompt = hit
@@ -175,6 +181,35 @@ class Scheduler:
             plan.work.append(Work(seq, n))
             budget -= n
             urgent = seq.priority if urgent is None else min(urgent, seq.priority)
+
+    def _prefilled_by_another(self, seq: SeqState, ids: list[int], cached: int) -> bool:
+        """Whether a running sequence of the same or a more urgent priority is prefilling
+        most of what ``seq`` still has to compute (the choices of one ``n`` > 1 request,
+        prompts sent together with one long system prompt): ``seq`` then waits for those
+        blocks to reach the prefix cache instead of computing them a second time."""
+        if not self.kv.enable_prefix_cache:
+            return False
+        bs = self.kv.block_size
+        todo = len(ids) - cached
+        for other in self.running:
+            if other.priority > seq.priority or not other.in_prefill:
+                continue
+            if other.num_computed >= cached + bs:
+                continue  # past these blocks: they would be cached if it shared them
+            theirs = other.prompt_ids
+            shared = cached
+            while (
+                shared + bs <= min(len(ids), len(theirs))
+                and ids[shared : shared + bs] == theirs[shared : shared + bs]
+            ):
+                shared += bs
+            if (
+                shared > cached
+                and 2 * (shared - cached) >= todo
+                and ids[:cached] == theirs[:cached]
+            ):
+                return True
+        return False
 
     def _preempt(self, seq: SeqState, plan: StepPlan) -> None:
         self.running.remove(seq)
