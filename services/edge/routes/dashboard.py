@@ -26,7 +26,9 @@ async def dashboard_page() -> FileResponse:
     return FileResponse(STATIC / "dashboard.html", media_type="text/html")
 
 
-@router.get("/dashboard/events", tags=["ops"], response_class=StreamingResponse)
+# Out of the OpenAPI document, as the page: a stream without end is no API operation (a
+# fuzzer calling it would wait out its timeout on every example).
+@router.get("/dashboard/events", include_in_schema=False)
 async def dashboard_events(request: Request) -> StreamingResponse:
     """Server-sent events: the last minutes of chart points first (``history``), then
     every second one snapshot of ``tokenwire status --json`` (``status``) and its chart
