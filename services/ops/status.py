@@ -44,6 +44,7 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 SEEN_KEEP_S = 24 * 3600
 BATCHER_TTL_S = 3.0  # batchers refresh their status several times within this
+KAFKA_TIMEOUT_S = 5.0  # a reading waits no longer for Kafka (a refresh a second must go on)
 
 
 def seen_key(names: Names) -> str:
@@ -403,31 +404,38 @@ class Collector:
             await consumer.stop()
 
     async def _read_kafka(self, snap: Snapshot) -> None:
-        names = self.settings.names
         try:
-            consumer, admin = await self._kafka()
-            topics = await consumer.topics()
-            inputs = {names.batcher_group: names.requests, names.worker_group: names.batches}
-            for group, topic in inputs.items():
-                if topic not in topics:
-                    snap.problems.append(f"kafka: no topic {topic}")
-                    continue
-                parts = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
-                ends = await consumer.end_offsets(parts)
-                got = await admin.list_consumer_group_offsets(group)
-                committed = {tp.partition: o.offset for tp, o in got.items() if tp.topic == topic}
-                snap.lag[group] = lag_of(committed, {tp.partition: n for tp, n in ends.items()})
-            dlq = names.requests_dlq
-            if dlq in topics:
-                parts = [TopicPartition(dlq, p) for p in await partitions_of(consumer, dlq)]
-                ends, starts = (
-                    await consumer.end_offsets(parts),
-                    await consumer.beginning_offsets(parts),
-                )
-                snap.dlq = {"topic": dlq, "size": sum(ends[tp] - starts[tp] for tp in parts)}
+            async with asyncio.timeout(KAFKA_TIMEOUT_S):
+                await self._read_offsets(snap)
+        except TimeoutError:
+            snap.problems.append(f"kafka: no answer within {KAFKA_TIMEOUT_S:.0f} s")
+            await self._close_kafka()
         except Exception as exc:  # Kafka away: the screen says so, shows the rest, and retries
             snap.problems.append(f"kafka: {exc!r}")
             await self._close_kafka()
+
+    async def _read_offsets(self, snap: Snapshot) -> None:
+        names = self.settings.names
+        consumer, admin = await self._kafka()
+        topics = await consumer.topics()
+        inputs = {names.batcher_group: names.requests, names.worker_group: names.batches}
+        for group, topic in inputs.items():
+            if topic not in topics:
+                snap.problems.append(f"kafka: no topic {topic}")
+                continue
+            parts = [TopicPartition(topic, p) for p in await partitions_of(consumer, topic)]
+            ends = await consumer.end_offsets(parts)
+            got = await admin.list_consumer_group_offsets(group)
+            committed = {tp.partition: o.offset for tp, o in got.items() if tp.topic == topic}
+            snap.lag[group] = lag_of(committed, {tp.partition: n for tp, n in ends.items()})
+        dlq = names.requests_dlq
+        if dlq in topics:
+            parts = [TopicPartition(dlq, p) for p in await partitions_of(consumer, dlq)]
+            ends, starts = (
+                await consumer.end_offsets(parts),
+                await consumer.beginning_offsets(parts),
+            )
+            snap.dlq = {"topic": dlq, "size": sum(ends[tp] - starts[tp] for tp in parts)}
 
     async def _probe(self, snap: Snapshot, urls: list[str]) -> None:
         async def one(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
