@@ -439,6 +439,32 @@ class WorkerHeartbeat(Wire):
     prefix_hit_tokens: int = Field(
         0, ge=0, description="prompt tokens served from its prefix cache since it started"
     )
+    ttft_le: list[float] = Field(
+        default_factory=list,
+        description="upper bounds (seconds) of the time-to-first-token buckets of ttft_counts",
+    )
+    ttft_counts: list[int] = Field(
+        default_factory=list,
+        description="requests whose first token came within each bound of ttft_le, since the "
+        "worker started (cumulative, as Prometheus buckets), then all of them: one more "
+        "entry than ttft_le (quantiles over a span from two beats)",
+    )
+
+
+class EdgeHeartbeat(Wire):
+    """An edge's address and traffic, refreshed about every second in Redis (for
+    ``tokenwire status`` and the dashboard; nothing routes on it)."""
+
+    edge_id: str
+    at: float = Field(default_factory=time.time)
+    ttl_s: float = Field(gt=0, description="the key lives this long: an edge silent longer is gone")
+    address: str = Field(description="where the edge serves HTTP, as it was configured")
+    started_at: float
+    open_streams: int = Field(0, ge=0, description="token streams being relayed now")
+    requests: int = Field(0, ge=0, description="HTTP requests answered since it started")
+    submitted: int = Field(0, ge=0, description="generation requests published since it started")
+    rejected: int = Field(0, ge=0, description="requests refused before Kafka since it started")
+    serving: bool = Field(True, description="whether Redis and the shared subscriber answer it")
 
 
 class BatcherStatus(Wire):
@@ -495,6 +521,7 @@ WIRE_MODELS: tuple[type[Wire], ...] = (
     Completion,
     Batch,
     WorkerHeartbeat,
+    EdgeHeartbeat,
     BatcherStatus,
     CancelRequest,
     DeadLetter,

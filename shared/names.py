@@ -120,6 +120,15 @@ class Names:
         """Sorted set of batcher ids by last status time."""
         return f"{self.prefix}:batchers"
 
+    @property
+    def edges_index(self) -> str:
+        """Sorted set of edge ids by last heartbeat time."""
+        return f"{self.prefix}:edges"
+
+    def edge_heartbeat(self, edge_id: str) -> str:
+        """Key holding an edge's latest heartbeat (expires when the edge goes silent)."""
+        return f"{self.prefix}:edge:{edge_id}"
+
     def heartbeat(self, worker_id: str) -> str:
         """Key holding a worker's latest heartbeat (expires when the worker goes silent)."""
         return f"{self.heartbeat_prefix}{worker_id}"

@@ -23,7 +23,16 @@ from services.edge.config import EdgeSettings
 from services.edge.errors import ApiError, bad_request
 from services.edge.metrics import EdgeMetrics
 from services.edge.middleware import BodyLimit, CountRequests
-from services.edge.routes import batches, files, generate, ops, requests, tokens, ws
+from services.edge.routes import (
+    batches,
+    dashboard,
+    files,
+    generate,
+    ops,
+    requests,
+    tokens,
+    ws,
+)
 from services.edge.routes.ops import STATIC
 from services.edge.state import EdgeState
 
@@ -49,7 +58,7 @@ def create_app(settings: EdgeSettings) -> FastAPI:
             await state.stop()
 
     app = FastAPI(title="tokenwire edge", version="0.2.0", lifespan=lifespan)
-    for module in (generate, requests, tokens, files, batches, ws, ops):
+    for module in (generate, requests, tokens, files, batches, ws, ops, dashboard):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _add_error_handlers(app)

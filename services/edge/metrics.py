@@ -59,6 +59,24 @@ class EdgeMetrics:
             "tw_edge_batcher_queued_requests", "requests queued in batchers (last read)", registry=r
         )
 
+    def totals(self) -> dict[str, float]:
+        """This process's requests answered, submitted and rejected since it started (all
+        labels summed), and its open streams: what its heartbeat carries."""
+        out = {}
+        for name, metric in (
+            ("requests", self.requests),
+            ("submitted", self.submitted),
+            ("rejected", self.rejected),
+            ("streams", self.streams),
+        ):
+            out[name] = sum(
+                s.value
+                for family in metric.collect()
+                for s in family.samples
+                if not s.name.endswith("_created")
+            )
+        return out
+
     def render(self) -> bytes:
         """The exposition text (callers refresh the gauges they own first)."""
         return generate_latest(self.registry)

@@ -15,8 +15,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from services.edge.auth import KeyStore, load_pepper, parse_key_list
+from services.edge.beacon import EdgeBeacon
 from services.edge.cache import ResponseCache, response_cache
 from services.edge.config import EdgeSettings
+from services.edge.dashboard import DashboardFeed
 from services.edge.health import RedisHealth
 from services.edge.hub import Hub
 from services.edge.load import LoadWatcher
@@ -70,6 +72,8 @@ class EdgeState:
     kafka: Dependency
     kafka_probe: KafkaProbe
     cache: ResponseCache
+    beacon: EdgeBeacon
+    dashboard: DashboardFeed
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @property
@@ -95,6 +99,7 @@ class EdgeState:
             request_timeout_ms=settings.kafka_request_timeout_ms,
         )
         kafka = Dependency("kafka", log, metrics.dependencies)
+        health = RedisHealth(redis, lambda: hub.connected, metrics)
         return cls(
             settings=settings,
             redis=redis,
@@ -113,10 +118,12 @@ class EdgeState:
             load=LoadWatcher(redis, names, settings.load_refresh_s),
             model=ModelInfo.load(settings.model_dir),
             metrics=metrics,
-            health=RedisHealth(redis, lambda: hub.connected, metrics),
+            health=health,
             kafka=kafka,
             kafka_probe=KafkaProbe(producer, [names.requests], kafka),
             cache=response_cache(settings, redis, metrics),
+            beacon=EdgeBeacon(redis, settings, metrics, lambda: health.serving),
+            dashboard=DashboardFeed(settings, redis),
         )
 
     async def start(self) -> None:
@@ -126,6 +133,7 @@ class EdgeState:
         self.load.start()
         self.health.start()
         await self.cache.start()
+        self.beacon.start()
         if self.settings.auth == "off":
             log.warning("TW_AUTH=off: calls without an API key are served as tenant 'default'")
         elif not self.keys.peppered:
@@ -135,6 +143,8 @@ class EdgeState:
             )
 
     async def stop(self) -> None:
+        await self.beacon.stop()
+        await self.dashboard.stop()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -57,7 +57,8 @@ class Heartbeat:
         ctx, s = self.ctx, self.ctx.settings
         st = ctx.runner.stats
         partitions = sorted(tp.partition for tp in ctx.consumer.assignment())
-        hb = heartbeat_of(s, st, partitions, await self._prefix_summary())
+        summary = await self._prefix_summary()
+        hb = heartbeat_of(s, st, partitions, summary, ctx.metrics.ttft_buckets())
         pipe = ctx.redis.pipeline(transaction=False)
         key = ctx.names.heartbeat(s.worker_id)
         registry.advertise(
@@ -115,10 +116,16 @@ class Heartbeat:
 
 
 def heartbeat_of(
-    s: WorkerSettings, st: EngineStats, partitions: list[int], summary: list[int]
+    s: WorkerSettings,
+    st: EngineStats,
+    partitions: list[int],
+    summary: list[int],
+    ttft: tuple[list[float], list[int]] | None = None,
 ) -> WorkerHeartbeat:
     """What a worker advertises: its load, its cache summary (``summary``, the engine's
-    cached blocks to ``AFFINITY_DEPTH`` deep) and how that summary was hashed."""
+    cached blocks to ``AFFINITY_DEPTH`` deep), how that summary was hashed, and its
+    time-to-first-token histogram (``ttft``: bounds and cumulative counts)."""
+    le, counts = ttft or ([], [])
     return WorkerHeartbeat(
         worker_id=s.worker_id,
         partitions=partitions,
@@ -136,6 +143,8 @@ def heartbeat_of(
         decoded_tokens=st.decoded_tokens,
         prefilled_tokens=st.prefilled_tokens,
         prefix_hit_tokens=st.prefix_hit_tokens,
+        ttft_le=le,
+        ttft_counts=counts,
     )
 
 

@@ -112,6 +112,20 @@ class WorkerMetrics:
             registry=r,
         )
 
+    def ttft_buckets(self) -> tuple[list[float], list[int]]:
+        """The time-to-first-token histogram as the heartbeat carries it: the finite upper
+        bounds, and the cumulative count within each, then the total."""
+        le: list[float] = []
+        counts: list[int] = []
+        for family in self.ttft.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    bound = float(sample.labels["le"])
+                    if bound != float("inf"):
+                        le.append(bound)
+                    counts.append(int(sample.value))
+        return le, counts
+
     def started(self, req: GenerateRequest) -> None:
         self.queue_time.observe(max(0.0, time.time() - req.created_at))
 

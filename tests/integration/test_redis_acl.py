@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import openai
+import orjson
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionError
@@ -163,6 +165,25 @@ async def test_pipeline_streams_with_acl_users_over_tls(locked: Locked, stack: S
     for name, text in texts_seen.items():
         for secret in secrets_used:
             assert secret not in text, f"a secret appears in the {name} log"
+
+
+async def test_the_dashboard_reads_all_it_shows_as_the_edge_user(stack: Stack) -> None:
+    """The edge's heartbeat, and the dashboard's reads (INFO, the last-seen records), are
+    within the tw-edge user's ACL."""
+    async with (
+        httpx.AsyncClient(timeout=30) as http,
+        http.stream("GET", stack.url("edge") + "/dashboard/events") as r,
+    ):
+        assert r.status_code == 200
+        status = None
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and "status" in (event := orjson.loads(line[6:])):
+                status = event["status"]
+                break
+    assert status is not None and status["problems"] == []
+    assert status["redis"]["used_memory"] > 0
+    assert [e["state"] for e in status["edges"]] == ["live"]
+    assert [w["state"] for w in status["workers"]] == ["live"]
 
 
 async def test_wrong_or_missing_credentials_are_refused(locked: Locked) -> None:
