@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 from redis.asyncio.client import Pipeline
 
+from services.edge.errors import not_found
 from services.edge.relay import Event
 from services.edge.state import EdgeState
 from shared import token_stream
@@ -28,11 +30,39 @@ RESEND_S = 0.5
 RETRY_FOR_S = 60.0
 
 
-async def owner_of(st: EdgeState, request_id: str) -> str | None:
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who a request belongs to, recorded at submission (the owner key's value), and how
+    its stream is rendered on a resume: ``tools``, a chat that may answer with a call."""
+
+    tenant: str
+    tools: bool = False
+
+    def encode(self) -> str:
+        return self.tenant + (" tools" if self.tools else "")  # a tenant id has no space
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Owner:
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        tenant, _, flags = text.partition(" ")
+        return cls(tenant, "tools" in flags.split())
+
+
+async def owner_of(st: EdgeState, request_id: str) -> Owner | None:
     raw = await st.redis.get(st.names.owner(request_id))
-    if raw is None:
-        return None
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    return None if raw is None else Owner.decode(raw)
+
+
+async def owned(st: EdgeState, request_id: str, tenant: str) -> Owner:
+    """The request's owner record if ``tenant`` owns it; otherwise a 404, as for a
+    request that never existed (another tenant's requests are not even confirmed)."""
+    owner = None
+    if request_id:
+        with st.health.guard("owner lookup", request_id):
+            owner = await owner_of(st, request_id)
+    if owner is None or owner.tenant != tenant:
+        raise not_found(f"no request '{request_id}'")
+    return owner
 
 
 async def cancel_request(st: EdgeState, request_id: str, tenant: str, source: str) -> Event | None:

@@ -40,10 +40,14 @@ class ChoiceStreams:
             ]
 
     async def _pump(self, index: int, stream: EventStream) -> None:
-        while not stream.finished:
+        # A stream can be finished with events still to take (a cache hit's are all in
+        # its log when it opens): it is read until it returns none.
+        while True:
             events = await stream.next(PUMP_WAIT_S)
             if events:
                 self._queue.put_nowait([{**ev, "index": index} for ev in events])
+            elif stream.finished:
+                return
 
     async def next(self, wait_s: float) -> list[Event]:
         """The next events of any choice (each with its ``index``), or ``[]`` when none

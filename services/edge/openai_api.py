@@ -443,6 +443,11 @@ class ChatBody(_Common):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="default: auto with tools, none without"
     )
+    parallel_tool_calls: bool = Field(
+        True,
+        description="whether a choice may make several tool calls; each choice makes at most "
+        "one, which either value allows",
+    )
 
     @field_validator("tools")
     @classmethod

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from services.edge.auth import Principal
 from services.edge.cache import publish_hit
-from services.edge.cancel import cancel_in_background
+from services.edge.cancel import Owner, cancel_in_background
 from services.edge.choices import ChoiceStreams
 from services.edge.errors import (
     ApiError,
@@ -123,7 +123,9 @@ def _check_policy(who: Principal, body: CompletionBody | ChatBody) -> None:
         raise forbidden(f"this API key may not use priority '{body.priority}'", param="priority")
 
 
-async def submit(st: EdgeState, req: GenerateRequest, key: str | None = None) -> EventStream:
+async def submit(
+    st: EdgeState, req: GenerateRequest, key: str | None = None, *, tools: bool = False
+) -> EventStream:
     """Subscribe to the request's stream, record its owner and hand the request to Kafka
     (acks=all), all at once: three round trips in the time of the longest, Kafka's. The
     stream reads the replay log once subscribed, so an event published before the
@@ -131,10 +133,12 @@ async def submit(st: EdgeState, req: GenerateRequest, key: str | None = None) ->
     if Redis fails while Kafka takes it, the request could be neither followed nor
     cancelled by its owner, so it is cancelled and the client told to retry (503).
     ``key`` is the Kafka key (the request id by default): the choices of one response
-    share one, so one batcher routes them together."""
+    share one, so one batcher routes them together. ``tools``: a chat that may answer
+    with a tool call (recorded with the owner, so a resume renders the call)."""
     names = st.names
     stream = st.event_stream(req.request_id, after_seq=-1)
-    owner = st.redis.set(names.owner(req.request_id), req.tenant, ex=st.settings.owner_ttl_s)
+    record = Owner(req.tenant, tools).encode()
+    owner = st.redis.set(names.owner(req.request_id), record, ex=st.settings.owner_ttl_s)
     send = _queue(st, req, key or req.request_id)
     # All run to the end, so a failure of one never leaves another half done.
     results: tuple[Any, ...] = await asyncio.gather(
@@ -156,9 +160,10 @@ async def submit_cached(
     """``submit``, unless the response cache has the answer: then the answer is replayed
     on a stream of the request's own (``serve_hit``) and nothing goes to Kafka."""
     found = await st.cache.lookup(req, CacheMode(body.cache), client_seeded=body.seed is not None)
+    tools = isinstance(body, ChatBody) and body.calls_tools
     if found.entry is None:
-        return await submit(st, found.request, key), found.result
-    return await serve_hit(st, req, found.entry, found.result), found.result
+        return await submit(st, found.request, key, tools=tools), found.result
+    return await serve_hit(st, req, found.entry, found.result, tools=tools), found.result
 
 
 async def submit_choices(
@@ -188,13 +193,14 @@ async def submit_choices(
 
 
 async def serve_hit(
-    st: EdgeState, req: GenerateRequest, entry: bytes, result: CacheResult
+    st: EdgeState, req: GenerateRequest, entry: bytes, result: CacheResult, *, tools: bool = False
 ) -> EventStream:
     """Record the owner and write the cached events to ``req``'s stream, then open it:
     the client reads them as it would a worker's (resumable, any edge)."""
     names = st.names
     with st.health.guard("cache hit", req.request_id):
-        await st.redis.set(names.owner(req.request_id), req.tenant, ex=st.settings.owner_ttl_s)
+        owner = Owner(req.tenant, tools).encode()
+        await st.redis.set(names.owner(req.request_id), owner, ex=st.settings.owner_ttl_s)
         records = await publish_hit(
             st.redis, names, req, entry, result, log_ttl_s=st.settings.owner_ttl_s
         )

@@ -10,6 +10,7 @@ import json
 import time
 from typing import Any
 
+import httpx
 import jsonschema_rs
 import openai
 import pytest
@@ -110,24 +111,37 @@ async def test_json_schema_strict_and_json_object(stack: Stack) -> None:
     assert short.choices[0].finish_reason == "length"
 
 
-async def _streamed_call(api: openai.AsyncOpenAI, **kw: Any) -> tuple[str, str, str, str]:
-    """(id, name, arguments, finish_reason) assembled from a streamed tool call."""
+def _assemble(chunks: list[dict[str, Any]]) -> tuple[str, str, str, str]:
+    """(call id, name, arguments, finish_reason) assembled from a streamed tool call's
+    chunks (as JSON objects)."""
     call_id = name = finish = ""
     arguments = []
-    stream = await api.chat.completions.create(model=MODEL, messages=ASK, stream=True, **kw)
-    async for chunk in stream:
-        if not chunk.choices:
-            continue
-        choice = chunk.choices[0]
-        for tc in choice.delta.tool_calls or ():
-            assert tc.index == 0
-            call_id = tc.id or call_id
-            if tc.function and tc.function.name:
-                name = tc.function.name
-            if tc.function and tc.function.arguments:
-                arguments.append(tc.function.arguments)
-        finish = choice.finish_reason or finish
+    for chunk in chunks:
+        for choice in chunk.get("choices") or ():
+            for tc in choice["delta"].get("tool_calls") or ():
+                assert tc["index"] == 0
+                call_id = tc.get("id") or call_id
+                fn = tc.get("function") or {}
+                name = fn.get("name") or name
+                if fn.get("arguments"):
+                    arguments.append(fn["arguments"])
+            finish = choice.get("finish_reason") or finish
     return call_id, name, "".join(arguments), finish
+
+
+async def _streamed_call(api: openai.AsyncOpenAI, **kw: Any) -> tuple[str, tuple[str, ...]]:
+    """The response id, and (call id, name, arguments, finish_reason) of a streamed call."""
+    stream = await api.chat.completions.create(model=MODEL, messages=ASK, stream=True, **kw)
+    chunks = [chunk.model_dump() async for chunk in stream]
+    return chunks[0]["id"], _assemble(chunks)
+
+
+async def _resumed_call(stack: Stack, rid: str) -> tuple[str, ...]:
+    """The call of request ``rid`` as a resume from its first event renders it."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.get(stack.url("edge") + f"/v1/requests/{rid}/stream")
+    data = [line[6:] for line in r.text.splitlines() if line.startswith("data: {")]
+    return _assemble([json.loads(d) for d in data])
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
@@ -146,9 +160,15 @@ async def test_forced_tool_calls_parse_into_the_declared_arguments(
     if isinstance(choice, dict):
         assert fn.name == "add"
     jsonschema_rs.validate(PARAMS[fn.name], json.loads(fn.arguments))
-    streamed_id, *streamed = await _streamed_call(api, **kw)
+    rid, (streamed_id, *streamed) = await _streamed_call(api, **kw)
     assert streamed_id.startswith("call_") and streamed_id != call.id  # one per request
     assert streamed == [fn.name, fn.arguments, "tool_calls"]
+    # A resumed stream renders the call as the live one did (any edge: it is recorded).
+    assert await _resumed_call(stack, rid) == (streamed_id, *streamed)
+    two = await api.chat.completions.create(model=MODEL, messages=ASK, n=2, **kw)
+    calls = [(c.message.tool_calls or [])[0] for c in two.choices]
+    assert [c.function.arguments for c in calls] == [fn.arguments] * 2  # greedy
+    assert len({c.id for c in calls}) == 2  # one id per choice
 
 
 async def test_auto_and_none_and_a_conversation_with_tool_results(stack: Stack) -> None:

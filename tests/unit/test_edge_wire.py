@@ -163,7 +163,6 @@ UNSUPPORTED = {
     "suffix": "x",
     "min_p": 0.1,
     "include_stop_str_in_output": True,
-    "parallel_tool_calls": False,
     "functions": [{"name": "f"}],
     "function_call": "auto",
     "service_tier": "auto",
@@ -177,6 +176,7 @@ UNSUPPORTED = {
 CHAT_ONLY = {
     "tools": [{"type": "function", "function": {"name": "f"}}],
     "tool_choice": "auto",
+    "parallel_tool_calls": False,
 }
 
 

@@ -8,13 +8,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Request
 from starlette.responses import JSONResponse, Response
 
-from services.edge.auth import Principal
-from services.edge.cancel import cancel_request, owner_of
-from services.edge.errors import bad_request, not_found
+from services.edge.cancel import cancel_request, owned
+from services.edge.errors import bad_request
 from services.edge.responses import RelayPlan, SseRelay
 from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
 from services.edge.shapes import Shape, created_of
-from services.edge.state import EdgeState
 
 router = APIRouter(responses=ERROR_RESPONSES, tags=["requests"])
 
@@ -38,7 +36,7 @@ async def resume(
     st = edge_state(request)
     after_seq = _after_seq(last_event_id, after)
     st.health.check(request_id)
-    await _check_owner(st, request_id, who)
+    owner = await owned(st, request_id, who.tenant)
     stream = st.event_stream(request_id, after_seq=after_seq)
     with st.health.guard("stream open", request_id):
         await stream.open()
@@ -48,6 +46,7 @@ async def resume(
         created_of(request_id),
         token_ids=return_token_ids,
         token_text=st.model.token_text,
+        tools=owner.tools,
         fingerprint=st.fingerprint,
     )
     plan = RelayPlan(
@@ -61,7 +60,7 @@ async def cancel(request_id: RequestIdParam, request: Request, who: Caller) -> J
     """Cancel a request and wait (briefly) for its stream to end. ``last_event_id`` is the
     seq of its final event: no token follows it."""
     st = edge_state(request)
-    await _check_owner(st, request_id, who)
+    await owned(st, request_id, who.tenant)
     with st.health.guard("cancel", request_id):
         final = await cancel_request(st, request_id, who.tenant, "api")
     body: dict[str, Any] = {"id": request_id, "object": "request.cancellation"}
@@ -77,13 +76,6 @@ async def cancel(request_id: RequestIdParam, request: Request, who: Caller) -> J
             "usage": final.get("usage"),
         }
     )
-
-
-async def _check_owner(st: EdgeState, request_id: str, who: Principal) -> None:
-    with st.health.guard("owner lookup", request_id):
-        owner = await owner_of(st, request_id)
-    if owner != who.tenant:
-        raise not_found(f"no request '{request_id}'")
 
 
 def _after_seq(header: str | None, query: int | None) -> int:

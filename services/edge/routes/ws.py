@@ -23,9 +23,9 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from services.edge.auth import Principal, bearer_token
-from services.edge.cancel import cancel_in_background, cancel_request, owner_of
+from services.edge.cancel import cancel_in_background, cancel_request, owned
 from services.edge.choices import ChoiceStreams
-from services.edge.errors import ApiError, bad_request, not_found
+from services.edge.errors import ApiError, bad_request
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
 from services.edge.shapes import Shape, created_of, ends_badly, error_of, usage_of
@@ -85,7 +85,7 @@ async def _handle(
         )
     elif kind == "resume":
         rid = str(msg.get("request_id", ""))
-        await _owned(st, who, rid)
+        owner = await owned(st, rid, who.tenant)
         after = msg.get("last_event_id", -1)
         if not isinstance(after, int) or after < -1:
             raise bad_request("last_event_id must be an integer ≥ -1")
@@ -98,12 +98,13 @@ async def _handle(
             st.settings.model_name,
             created_of(rid),
             token_text=st.model.token_text,
+            tools=owner.tools,
             fingerprint=st.fingerprint,
         )
         await _relay(ws, inbox, st, who, stream, shape, cancel_on_disconnect=False)
     elif kind == "cancel" and msg.get("request_id"):
         rid = str(msg["request_id"])
-        await _owned(st, who, rid)
+        await owned(st, rid, who.tenant)
         with st.health.guard("cancel", rid):
             final = await cancel_request(st, rid, who.tenant, "api")
         await _send(ws, {"type": "cancelled", "id": rid, "final": final})
@@ -198,15 +199,6 @@ async def _listen(
                 st.spawn(cancel_in_background(st, left, who.tenant, "api"))
         else:
             inbox.later.append(msg)
-
-
-async def _owned(st: EdgeState, who: Principal, rid: str) -> None:
-    if not rid:
-        raise not_found("no request ''")
-    with st.health.guard("owner lookup", rid):
-        owner = await owner_of(st, rid)
-    if owner != who.tenant:
-        raise not_found(f"no request '{rid}'")
 
 
 class _Inbox:
