@@ -1,15 +1,15 @@
-"""The README's table of every ``TW_*`` setting, rendered from the settings models.
+"""The table of every ``TW_*`` setting (docs/settings.md), rendered from the settings models.
 
 The services' settings (``CommonSettings`` and each service's subclass) are pydantic models
 whose field ``foo_bar`` is read from ``TW_FOO_BAR``; their rows come from the fields
 themselves: type, default and ``description``. The variables the shell scripts and a few
-command-line tools read are listed in ``SCRIPT_SETTINGS``. The README holds the rendered
+command-line tools read are listed in ``SCRIPT_SETTINGS``. docs/settings.md holds the rendered
 table between two marker comments, and a unit test fails while it differs from what this
 module renders, so a new setting shows up there or the tests say so.
 
     python -m shared.settings_doc            # print the table
-    python -m shared.settings_doc --write    # rewrite the README's block
-    python -m shared.settings_doc --check    # exit 1 while the README's block is stale
+    python -m shared.settings_doc --write    # rewrite the document's block
+    python -m shared.settings_doc --check    # exit 1 while the document's block is stale
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from shared.settings import CommonSettings, EnvSettings
 
 BEGIN = "<!-- settings:begin -->"
 END = "<!-- settings:end -->"
-README = Path(__file__).resolve().parents[1] / "README.md"
+SETTINGS_DOC = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 
 # The services' settings models, in the table's order: "module:Class".
 SERVICE_MODELS: tuple[tuple[str, str], ...] = (
@@ -334,24 +334,24 @@ def with_table(text: str, table: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m shared.settings_doc", description=__doc__)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--write", action="store_true", help="rewrite the README's settings block")
-    g.add_argument("--check", action="store_true", help="exit 1 if the README's block is stale")
-    p.add_argument("--readme", type=Path, default=README)
+    g.add_argument("--write", action="store_true", help="rewrite the settings document's block")
+    g.add_argument("--check", action="store_true", help="exit 1 if the document's block is stale")
+    p.add_argument("--doc", type=Path, default=SETTINGS_DOC)
     args = p.parse_args(argv)
     table = render()
     if not (args.write or args.check):
         sys.stdout.write(table)
         return 0
-    text = args.readme.read_text()
+    text = args.doc.read_text()
     fresh = with_table(text, table)
     if args.check:
         if fresh != text:
-            print(f"{args.readme}: the settings table is stale; run {p.prog} --write")
+            print(f"{args.doc}: the settings table is stale; run {p.prog} --write")
             return 1
         return 0
     if fresh != text:
-        args.readme.write_text(fresh)
-        print(f"rewrote the settings table in {args.readme}")
+        args.doc.write_text(fresh)
+        print(f"rewrote the settings table in {args.doc}")
     return 0
 
 
