@@ -1,4 +1,5 @@
-"""Per-request sampling: greedy, top-k/top-p filtering, and seeds independent of the batch."""
+"""Per-request sampling: greedy, top-k/top-p/min-p filtering, and seeds independent of the
+batch."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ def test_greedy_is_argmax() -> None:
     assert all(isinstance(t, int) for t in out)
 
 
-def test_greedy_rows_ignore_top_k_top_p_and_seed() -> None:
+def test_greedy_rows_ignore_top_k_top_p_min_p_and_seed() -> None:
     logits = random_logits(3)
-    cfgs = [SamplingConfig(temperature=0.0, top_k=5, top_p=0.5, seed=1)] * 3
+    cfgs = [SamplingConfig(temperature=0.0, top_k=5, top_p=0.5, min_p=0.9, seed=1)] * 3
     assert sample(logits, cfgs, [None] * 3) == logits.argmax(dim=-1).tolist()
 
 
@@ -74,6 +75,47 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     got = draws(logits, SamplingConfig(temperature=1.0, top_p=0.75, seed=5), 4000)
     assert set(got) == {0, 1}  # 0.5 < 0.75 <= 0.5 + 0.3
     assert got[0] / 4000 == pytest.approx(0.5 / 0.8, abs=0.03)
+
+
+def test_min_p_keeps_the_tokens_at_least_that_share_of_the_top_one() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    # 0.35 x 0.5 = 0.175: 0.3 stays, 0.15 and 0.05 go.
+    got = draws(logits, SamplingConfig(temperature=1.0, min_p=0.35, seed=8), 4000)
+    assert set(got) == {0, 1}
+    assert got[0] / 4000 == pytest.approx(0.5 / 0.8, abs=0.03)
+    # 0.25 x 0.5 = 0.125: 0.15 stays too.
+    wider = draws(logits, SamplingConfig(temperature=1.0, min_p=0.25, seed=8), 4000)
+    assert set(wider) == {0, 1, 2}
+    assert wider[2] / 4000 == pytest.approx(0.15 / 0.95, abs=0.03)
+
+
+def test_min_p_applies_after_temperature() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    # At T=2 the shares go as sqrt(p): 0.15 is then 0.55 of the top one, 0.05 is 0.32.
+    hot = draws(logits, SamplingConfig(temperature=2.0, min_p=0.5, seed=9), 3000)
+    assert set(hot) == {0, 1, 2}
+    cold = draws(logits, SamplingConfig(temperature=1.0, min_p=0.5, seed=9), 3000)
+    assert set(cold) == {0, 1}
+
+
+def test_min_p_one_keeps_only_the_top_token_and_zero_keeps_all() -> None:
+    logits = random_logits(6, 5)
+    cfgs = [SamplingConfig(temperature=5.0, min_p=1.0, seed=i) for i in range(6)]
+    gens = [make_generator(c.seed, CPU) for c in cfgs]
+    for _ in range(20):
+        assert sample(logits, cfgs, gens) == logits.argmax(dim=-1).tolist()
+    flat = torch.zeros(VOCAB)
+    assert len(draws(flat, SamplingConfig(temperature=1.0, min_p=0.0, seed=4), 2000)) == VOCAB
+
+
+def test_min_p_then_top_p_over_what_is_left() -> None:
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    # min_p 0.4 leaves 0.4, 0.3, 0.2; top_p 0.75 over those renormalized (0.44, 0.33,
+    # 0.22) needs the first two: 0.44 < 0.75 <= 0.78. (Over the whole distribution first,
+    # top_p would keep three: 0.7 < 0.75.)
+    got = draws(logits, SamplingConfig(temperature=1.0, min_p=0.4, top_p=0.75, seed=6), 4000)
+    assert set(got) == {0, 1}
+    assert got[0] / 4000 == pytest.approx(0.4 / 0.7, abs=0.03)
 
 
 def test_temperature_sampling_follows_the_distribution() -> None:
@@ -118,6 +160,7 @@ def test_the_same_seed_repeats_itself() -> None:
         SamplingConfig(temperature=1.0, seed=2024),
         SamplingConfig(temperature=0.8, top_p=0.9, seed=2024),
         SamplingConfig(temperature=1.3, top_k=10, seed=2024),
+        SamplingConfig(temperature=1.5, min_p=0.05, seed=2024),
     ],
 )
 def test_a_seeded_row_draws_the_same_alone_or_in_a_mixed_batch(target: SamplingConfig) -> None:
@@ -133,6 +176,7 @@ def test_a_seeded_row_draws_the_same_alone_or_in_a_mixed_batch(target: SamplingC
         SamplingConfig(temperature=1.0, top_k=3, seed=1),
         SamplingConfig(temperature=2.0, top_p=0.5, seed=2),
         SamplingConfig(temperature=0.5, top_k=20, top_p=0.8),
+        SamplingConfig(temperature=1.0, min_p=0.3, seed=3),
     ]
     neighbours = [others[i % len(others)] for i in range(15)]
     cfgs = [*neighbours[:7], target, *neighbours[7:]]

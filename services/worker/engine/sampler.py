@@ -27,6 +27,7 @@ class SamplingConfig:
     frequency_penalty: float = 0.0  # OpenAI: minus this times its count in the output
     repetition_penalty: float = 1.0  # Hugging Face: tokens of the prompt and output
     logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI: added to these tokens' logits
+    min_p: float = 0.0  # vLLM: keep tokens at least this times as likely as the top one
 
     @property
     def greedy(self) -> bool:
@@ -132,11 +133,13 @@ def sample(
 
 
 def _filtered_probs(scaled: torch.Tensor, configs: list[SamplingConfig]) -> torch.Tensor:
+    """The distribution each row samples from: min-p first, then top-k and top-p over
+    what is left (vLLM's order)."""
     vocab = scaled.shape[-1]
     top_k = [c.top_k if 0 < c.top_k < vocab else vocab for c in configs]
     top_p = [c.top_p for c in configs]
     # Non-finite rows are reported by ``sample``; here they only must not raise.
-    scaled = scaled.nan_to_num(nan=float("-inf"))
+    scaled = _min_p(scaled.nan_to_num(nan=float("-inf")), [c.min_p for c in configs])
     if max(top_k) == vocab and min(top_p) >= 1.0:
         return torch.softmax(scaled, dim=-1)
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
@@ -150,3 +153,15 @@ def _filtered_probs(scaled: torch.Tensor, configs: list[SamplingConfig]) -> torc
     probs = probs.masked_fill(before >= p, 0.0)
     probs = probs / probs.sum(dim=-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(-1, order, probs)
+
+
+def _min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+    """Mask the tokens less likely than ``min_p`` times the row's top token: in logits,
+    those below the row's maximum plus ``log(min_p)`` (the same test as on probabilities,
+    without their underflow). A row with ``min_p`` 0 keeps everything (its bound is -inf);
+    the top token always stays."""
+    if max(min_p) <= 0.0:
+        return scaled
+    floor = torch.tensor(min_p, device=scaled.device).log().unsqueeze(1)
+    bound = scaled.max(dim=-1, keepdim=True).values + floor
+    return scaled.masked_fill(scaled < bound, float("-inf"))
