@@ -4,12 +4,13 @@ batch."""
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 
 import pytest
 import torch
 
-from services.worker.engine.sampler import SamplingConfig, make_generator, sample
+from services.worker.engine.sampler import SamplingConfig, adjust, make_generator, sample
 
 CPU = torch.device("cpu")
 VOCAB = 50
@@ -189,3 +190,54 @@ def test_a_seeded_row_draws_the_same_alone_or_in_a_mixed_batch(target: SamplingC
         mixed.append(sample(batch, cfgs, gens)[7])
     assert mixed == alone
     assert len(set(alone)) > 1  # the check is not trivially about a constant
+
+
+def reference_adjust(
+    row: torch.Tensor, cfg: SamplingConfig, prompt: list[int], output: list[int]
+) -> torch.Tensor:
+    """One row's penalties and biases, token by token, as their definitions read."""
+    out = row.clone()
+    vocab = len(row)
+    for t in {t for t in prompt + output if 0 <= t < vocab}:
+        out[t] = out[t] / cfg.repetition_penalty if out[t] > 0 else out[t] * cfg.repetition_penalty
+    for t in {t for t in output if 0 <= t < vocab}:
+        out[t] -= cfg.frequency_penalty * output.count(t) + cfg.presence_penalty
+    for t, b in cfg.logit_bias:
+        if t < len(row):
+            out[t] += b
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_adjust_matches_the_definitions_row_by_row(seed: int) -> None:
+    rng = random.Random(seed)
+    rows = 7
+    logits = random_logits(rows, seed)
+    configs = [
+        SamplingConfig(),  # adjusts nothing: left as it is
+        SamplingConfig(repetition_penalty=1.3),
+        SamplingConfig(presence_penalty=0.7, frequency_penalty=-0.4),
+        SamplingConfig(logit_bias=((3, 5.0), (3, -1.0), (VOCAB + 7, 9.0))),  # out of range
+        SamplingConfig(
+            repetition_penalty=0.8,
+            presence_penalty=-1.0,
+            frequency_penalty=1.5,
+            logit_bias=((0, -100.0), (VOCAB - 1, 2.0)),
+        ),
+        SamplingConfig(temperature=1.0, frequency_penalty=0.5),
+        SamplingConfig(repetition_penalty=2.0, presence_penalty=1.0, logit_bias=((5, 1.5),)),
+    ]
+    # Repeats in both lists; one output left empty, ids out of range ignored, and a row
+    # with no ids at all (only its bias applies).
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))] for _ in range(rows)]
+    outputs = [[rng.randrange(VOCAB // 4) for _ in range(rng.randint(0, 40))] for _ in range(rows)]
+    outputs[2] = []
+    prompts[1] += [VOCAB, VOCAB + 3]
+    prompts[6] = outputs[6] = []
+    got = logits.clone()
+    adjust(got, configs, prompts, outputs)
+    for r in range(rows):
+        want = reference_adjust(logits[r], configs[r], prompts[r], outputs[r])
+        torch.testing.assert_close(got[r], want)
+    assert torch.equal(got[0], logits[0])
+    assert not torch.equal(got[4], logits[4])
