@@ -186,6 +186,10 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
         )
     if args.concurrency:
         cfg.concurrencies = tuple(args.concurrency)
+    if args.prompt_len:
+        cfg.prompt_len = args.prompt_len
+    if args.new_tokens:
+        cfg.new_tokens = args.new_tokens
     run(model_dir, cfg, Path(args.out) if args.out else None, args.device, args.dtype)
 
 
@@ -404,6 +408,12 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
     be.add_argument("--quick", action="store_true", help="a smoke configuration (CI)")
     be.add_argument(
         "--concurrency", type=int, nargs="+", help="concurrent requests per row (default: 1 8 32)"
+    )
+    be.add_argument(
+        "--prompt-len", type=int, default=0, help="prompt tokens per request (default: 128)"
+    )
+    be.add_argument(
+        "--new-tokens", type=int, default=0, help="tokens generated per request (default: 128)"
     )
     be.add_argument(
         "--device",

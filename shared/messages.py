@@ -126,12 +126,24 @@ class SamplingParams(Wire):
     temperature: float | None = Field(None, ge=0.0, le=100.0, description=MODEL_DEFAULT + "1.0")
     top_p: float | None = Field(None, gt=0.0, le=1.0, description=MODEL_DEFAULT + "1.0")
     top_k: int | None = Field(None, ge=0, description=MODEL_DEFAULT + "0; 0 disables top-k")
+    min_p: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description=MODEL_DEFAULT + "0.0; keep only tokens at least this times as likely as "
+        "the most likely one (after temperature); 0 disables min-p",
+    )
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
         default_factory=list, max_length=MAX_STOP_STRINGS
     )
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = Field(
+        False,
+        description="keep the stop string (or stop token's text) that ended the output at "
+        "its end, instead of cutting it",
+    )
     min_tokens: int = Field(
         0,
         ge=0,

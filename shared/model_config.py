@@ -55,20 +55,21 @@ def _rope_parameters(config: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
 
 # Sampling defaults a generation_config.json may state that the engine does not implement
 # (at their neutral value they change nothing): the worker says so at start.
-UNAPPLIED_DEFAULTS = ("min_p", "typical_p", "no_repeat_ngram_size")
+UNAPPLIED_DEFAULTS = ("typical_p", "no_repeat_ngram_size")
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingDefaults:
     """What a request that leaves a sampling field out gets: the value the model's
-    ``generation_config.json`` states (temperature, top_p, top_k, repetition_penalty), else
-    the OpenAI default (as vLLM does; ``do_sample`` is not read: a client that wants greedy
-    asks for temperature 0)."""
+    ``generation_config.json`` states (temperature, top_p, top_k, min_p,
+    repetition_penalty), else the OpenAI default (as vLLM does; ``do_sample`` is not read:
+    a client that wants greedy asks for temperature 0)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     repetition_penalty: float = 1.0
+    min_p: float = 0.0
     unapplied: tuple[str, ...] = ()  # defaults the file states that no request gets
 
     @classmethod
@@ -83,6 +84,7 @@ class SamplingDefaults:
             top_p=float(stated.get("top_p", base.top_p)),
             top_k=int(stated.get("top_k", base.top_k)),
             repetition_penalty=float(stated.get("repetition_penalty", base.repetition_penalty)),
+            min_p=float(stated.get("min_p", base.min_p)),
             unapplied=tuple(k for k in UNAPPLIED_DEFAULTS if stated.get(k) not in (None, 1.0, 0.0)),
         )
 
@@ -97,3 +99,7 @@ class SamplingDefaults:
 
     def repetition(self, asked: float | None) -> float:
         return self.repetition_penalty if asked is None else asked
+
+    def min_prob(self, asked: float | None) -> float:
+        """The request's ``min_p``, else the model's."""
+        return self.min_p if asked is None else asked

@@ -120,8 +120,20 @@ class _Common(Strict):
     top_k: int | None = Field(
         None, ge=0, le=1_000_000, description="tokenwire extension; 0 disables"
     )
+    min_p: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="vLLM extension: keep only tokens at least this times as likely as the "
+        "most likely one (after temperature); 0 disables",
+    )
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: StopString | StopList | None = None
+    include_stop_str_in_output: bool = Field(
+        False,
+        description="vLLM extension: keep the stop string (or stop token's text) that ended "
+        "the output at its end",
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(
@@ -291,8 +303,10 @@ class _Common(Strict):
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
+            min_p=self.min_p,
             seed=seed,
             stop=stop,
+            include_stop_str_in_output=self.include_stop_str_in_output,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,

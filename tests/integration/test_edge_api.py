@@ -547,6 +547,9 @@ async def _poll_status(
         ({"presence_penalty": 3}, None),
         ({"logit_bias": {"x": 1}}, None),
         ({"logprobs": 6}, None),
+        ({"min_p": 1.5}, None),
+        ({"min_p": -0.1}, None),
+        ({"include_stop_str_in_output": "maybe"}, None),
         ({"suffix": "x"}, "unsupported_parameter"),
         ({"stop": 5}, None),
     ],
@@ -567,6 +570,9 @@ async def test_bad_parameters_are_400(
         assert err["param"] == name and name in err["message"]
     if "stop" in patch:  # a union's error names the field, not pydantic's member path
         assert err["param"] == "stop", err
+    for named in ("min_p", "include_stop_str_in_output"):
+        if named in patch:
+            assert err["param"] == named, err
 
 
 async def test_an_unknown_model_is_404_and_each_model_can_be_read(edges: Edges) -> None:
@@ -672,6 +678,72 @@ async def test_stop_token_ids_end_a_completion(edges: Edges) -> None:
     assert choice["token_ids"] == ids[: stop_at + 1], stopped.text
     assert choice["finish_reason"] == "stop"
     assert len(held.json()["choices"][0]["token_ids"]) >= 7, held.text
+
+
+async def test_include_stop_str_in_output_keeps_the_stop_string(edges: Edges) -> None:
+    """A stop string taken from the greedy output ends it there: cut by default, kept at
+    the end with ``include_stop_str_in_output``; both endpoints, streamed and not."""
+    client = openai.AsyncOpenAI(base_url=edges.url("a") + "/v1", api_key=ACME, max_retries=0)
+    common: dict[str, Any] = {"model": MODEL, "max_tokens": 24, "temperature": 0}
+    ignore_eos = {"ignore_eos": True, "cache": "no-cache"}
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is a list?"}]
+
+    async def completion(stream: bool, **extra: Any) -> str:
+        body = {**ignore_eos, **extra}
+        if not stream:
+            r = await client.completions.create(
+                prompt="The function returns", extra_body=body, **common
+            )
+            return r.choices[0].text
+        chunks = await client.completions.create(
+            prompt="The function returns", stream=True, extra_body=body, **common
+        )
+        return "".join([c.choices[0].text async for c in chunks if c.choices])
+
+    async def chat(stream: bool, **extra: Any) -> str:
+        body = {**ignore_eos, **extra}
+        if not stream:
+            r = await client.chat.completions.create(messages=msgs, extra_body=body, **common)
+            return r.choices[0].message.content or ""
+        chunks = await client.chat.completions.create(
+            messages=msgs, stream=True, extra_body=body, **common
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+
+    for ask in (completion, chat):
+        full = await ask(False)
+        assert len(full) >= 8, full
+        stop = full[len(full) // 2 : len(full) // 2 + 3]
+        before = full[: full.index(stop)]
+        for stream in (False, True):
+            cut = await ask(stream, stop=[stop])
+            kept = await ask(stream, stop=[stop], include_stop_str_in_output=True)
+            assert cut == before, (ask.__name__, stream, full, stop, cut)
+            assert kept == before + stop, (ask.__name__, stream, full, stop, kept)
+    await client.close()
+
+
+async def test_min_p_reaches_the_sampler(edges: Edges) -> None:
+    """At a hot temperature a seeded request wanders off the greedy text; with ``min_p``
+    1 only the top token stays, so the same request gives the greedy text exactly."""
+    client = openai.AsyncOpenAI(base_url=edges.url("a") + "/v1", api_key=ACME, max_retries=0)
+    common: dict[str, Any] = {"model": MODEL, "prompt": "The function returns", "max_tokens": 16}
+    extra = {"ignore_eos": True}
+    greedy = await client.completions.create(temperature=0, extra_body=extra, **common)
+    hot = {"temperature": 2.0, "seed": 7}
+    wild = await client.completions.create(**hot, extra_body=extra, **common)
+    held = await client.completions.create(**hot, extra_body={**extra, "min_p": 1.0}, **common)
+    assert wild.choices[0].text != greedy.choices[0].text
+    assert held.choices[0].text == greedy.choices[0].text
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is a list?"}]
+    chat_greedy = await client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=16, temperature=0, extra_body=extra
+    )
+    chat_held = await client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=16, **hot, extra_body={**extra, "min_p": 1.0}
+    )
+    assert chat_held.choices[0].message.content == chat_greedy.choices[0].message.content
+    await client.close()
 
 
 async def test_tokenize_and_detokenize_agree_with_what_the_worker_counts(edges: Edges) -> None:

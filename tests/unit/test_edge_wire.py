@@ -161,8 +161,6 @@ def test_bad_parameters_fail_validation(patch: dict[str, object]) -> None:
 UNSUPPORTED = {
     "best_of": 2,
     "suffix": "x",
-    "min_p": 0.1,
-    "include_stop_str_in_output": True,
     "functions": [{"name": "f"}],
     "function_call": "auto",
     "service_tier": "auto",
@@ -198,6 +196,32 @@ def test_a_field_the_edge_does_not_implement_is_refused(
         body.model_validate({**base, field: {**UNSUPPORTED, **CHAT_ONLY}[field]})
     assert err.value.errors()[0]["type"] == "extra_forbidden"
     assert err.value.errors()[0]["loc"] == (field,)
+
+
+def test_min_p_and_include_stop_str_in_output_map_onto_the_wire() -> None:
+    for body in (
+        CompletionBody.model_validate(
+            {"model": "m", "prompt": "x", "min_p": 0.2, "include_stop_str_in_output": True}
+        ),
+        ChatBody.model_validate(
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "x"}],
+                "min_p": 0.2,
+                "include_stop_str_in_output": True,
+            }
+        ),
+    ):
+        sp = body.to_request("cmpl-1", "t", 4).sampling
+        assert sp.min_p == 0.2 and sp.include_stop_str_in_output
+    plain = CompletionBody.model_validate({"model": "m", "prompt": "x", "min_p": None})
+    sp = plain.to_request("cmpl-2", "t", 4).sampling
+    assert sp.min_p is None  # the model's default
+    assert not sp.include_stop_str_in_output
+    for bad in ({"min_p": -0.1}, {"min_p": 1.5}, {"include_stop_str_in_output": "maybe"}):
+        with pytest.raises(ValidationError) as err:
+            CompletionBody.model_validate({"model": "m", "prompt": "x", **bad})
+        assert err.value.errors()[0]["loc"] == tuple(bad)
 
 
 def test_metadata_is_accepted_and_null_means_the_default() -> None:

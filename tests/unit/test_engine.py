@@ -220,6 +220,21 @@ def test_stop_strings_eos_and_multibyte_text(lm: tuple[Any, Any]) -> None:
     engine.add_request(
         EngineRequest("stop-id", prompt, max_tokens=40, stop_token_ids=[ref[5]], ignore_eos=True)
     )
+    engine.add_request(
+        EngineRequest(
+            "kept", prompt, max_tokens=40, stop=[stop], ignore_eos=True, include_stop=True
+        )
+    )
+    engine.add_request(
+        EngineRequest(
+            "id-kept",
+            prompt,
+            max_tokens=40,
+            stop_token_ids=[ref[5]],
+            ignore_eos=True,
+            include_stop=True,
+        )
+    )
     engine.add_request(EngineRequest("eos", prompt, max_tokens=40))
     outs = engine.run_until_idle()
     texts: dict[str, str] = {}
@@ -228,10 +243,16 @@ def test_stop_strings_eos_and_multibyte_text(lm: tuple[Any, Any]) -> None:
         assert "\ufffd" not in o.text or "\ufffd" in full
     assert texts["plain"] == full
     assert texts["stopped"] == full[: full.index(stop)]
-    _, finals = collect(outs)
-    assert finals["stopped"].finish is Status.FINISHED_STOPPED
-    assert finals["stop-id"].finish is Status.FINISHED_STOPPED
-    assert finals["stop-id"].completion_tokens == ref.index(ref[5]) + 1
+    assert texts["kept"] == full[: full.index(stop) + len(stop)]
+    at = ref.index(ref[5])
+    assert texts["stop-id"] == tok.decode(ref[:at], skip_special_tokens=True)
+    assert texts["id-kept"] == tok.decode(ref[: at + 1], skip_special_tokens=True)
+    assert texts["id-kept"] != texts["stop-id"]
+    tokens, finals = collect(outs)
+    assert tokens["kept"] == tokens["stopped"]  # the same tokens: only the text differs
+    for name in ("stopped", "kept", "stop-id", "id-kept"):
+        assert finals[name].finish is Status.FINISHED_STOPPED
+    assert finals["stop-id"].completion_tokens == at + 1
     # Without ignore_eos the request ends at EOS exactly where generate does.
     with torch.inference_mode():
         natural = model.generate(

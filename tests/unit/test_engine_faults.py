@@ -56,10 +56,12 @@ def _sampling(vocab: int, max_tokens: int) -> st.SearchStrategy[SamplingParams]:
         temperature=temperatures,
         top_p=top_ps,
         top_k=st.one_of(st.sampled_from([0, 1, vocab - 1, vocab, vocab + 1]), st.integers(0)),
+        min_p=st.one_of(st.none(), st.sampled_from([0.0, *TINY, 1.0]), st.floats(0.0, 1.0)),
         seed=st.one_of(st.none(), st.sampled_from([0, SEED_MAX]), st.integers(0, SEED_MAX)),
         stop=st.lists(stop_text, max_size=MAX_STOP_STRINGS),
         stop_token_ids=st.lists(st.integers(0, 2**31), max_size=64),
         ignore_eos=st.booleans(),
+        include_stop_str_in_output=st.booleans(),
     )
 
 
@@ -78,8 +80,10 @@ def engine_request(rid: str, prompt: list[int], sp: SamplingParams) -> EngineReq
             frequency_penalty=sp.frequency_penalty,
             repetition_penalty=sp.repetition_penalty or 1.0,
             logit_bias=tuple(sp.logit_bias.items()),
+            min_p=sp.min_p or 0.0,
         ),
         stop=sp.stop,
+        include_stop=sp.include_stop_str_in_output,
         stop_token_ids=sp.stop_token_ids,
         ignore_eos=sp.ignore_eos,
         min_tokens=sp.min_tokens,

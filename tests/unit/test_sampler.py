@@ -1,14 +1,16 @@
-"""Per-request sampling: greedy, top-k/top-p filtering, and seeds independent of the batch."""
+"""Per-request sampling: greedy, top-k/top-p/min-p filtering, and seeds independent of the
+batch."""
 
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 
 import pytest
 import torch
 
-from services.worker.engine.sampler import SamplingConfig, make_generator, sample
+from services.worker.engine.sampler import SamplingConfig, adjust, make_generator, sample
 
 CPU = torch.device("cpu")
 VOCAB = 50
@@ -33,9 +35,9 @@ def test_greedy_is_argmax() -> None:
     assert all(isinstance(t, int) for t in out)
 
 
-def test_greedy_rows_ignore_top_k_top_p_and_seed() -> None:
+def test_greedy_rows_ignore_top_k_top_p_min_p_and_seed() -> None:
     logits = random_logits(3)
-    cfgs = [SamplingConfig(temperature=0.0, top_k=5, top_p=0.5, seed=1)] * 3
+    cfgs = [SamplingConfig(temperature=0.0, top_k=5, top_p=0.5, min_p=0.9, seed=1)] * 3
     assert sample(logits, cfgs, [None] * 3) == logits.argmax(dim=-1).tolist()
 
 
@@ -74,6 +76,47 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     got = draws(logits, SamplingConfig(temperature=1.0, top_p=0.75, seed=5), 4000)
     assert set(got) == {0, 1}  # 0.5 < 0.75 <= 0.5 + 0.3
     assert got[0] / 4000 == pytest.approx(0.5 / 0.8, abs=0.03)
+
+
+def test_min_p_keeps_the_tokens_at_least_that_share_of_the_top_one() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    # 0.35 x 0.5 = 0.175: 0.3 stays, 0.15 and 0.05 go.
+    got = draws(logits, SamplingConfig(temperature=1.0, min_p=0.35, seed=8), 4000)
+    assert set(got) == {0, 1}
+    assert got[0] / 4000 == pytest.approx(0.5 / 0.8, abs=0.03)
+    # 0.25 x 0.5 = 0.125: 0.15 stays too.
+    wider = draws(logits, SamplingConfig(temperature=1.0, min_p=0.25, seed=8), 4000)
+    assert set(wider) == {0, 1, 2}
+    assert wider[2] / 4000 == pytest.approx(0.15 / 0.95, abs=0.03)
+
+
+def test_min_p_applies_after_temperature() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    # At T=2 the shares go as sqrt(p): 0.15 is then 0.55 of the top one, 0.05 is 0.32.
+    hot = draws(logits, SamplingConfig(temperature=2.0, min_p=0.5, seed=9), 3000)
+    assert set(hot) == {0, 1, 2}
+    cold = draws(logits, SamplingConfig(temperature=1.0, min_p=0.5, seed=9), 3000)
+    assert set(cold) == {0, 1}
+
+
+def test_min_p_one_keeps_only_the_top_token_and_zero_keeps_all() -> None:
+    logits = random_logits(6, 5)
+    cfgs = [SamplingConfig(temperature=5.0, min_p=1.0, seed=i) for i in range(6)]
+    gens = [make_generator(c.seed, CPU) for c in cfgs]
+    for _ in range(20):
+        assert sample(logits, cfgs, gens) == logits.argmax(dim=-1).tolist()
+    flat = torch.zeros(VOCAB)
+    assert len(draws(flat, SamplingConfig(temperature=1.0, min_p=0.0, seed=4), 2000)) == VOCAB
+
+
+def test_min_p_then_top_p_over_what_is_left() -> None:
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    # min_p 0.4 leaves 0.4, 0.3, 0.2; top_p 0.75 over those renormalized (0.44, 0.33,
+    # 0.22) needs the first two: 0.44 < 0.75 <= 0.78. (Over the whole distribution first,
+    # top_p would keep three: 0.7 < 0.75.)
+    got = draws(logits, SamplingConfig(temperature=1.0, min_p=0.4, top_p=0.75, seed=6), 4000)
+    assert set(got) == {0, 1}
+    assert got[0] / 4000 == pytest.approx(0.4 / 0.7, abs=0.03)
 
 
 def test_temperature_sampling_follows_the_distribution() -> None:
@@ -118,6 +161,7 @@ def test_the_same_seed_repeats_itself() -> None:
         SamplingConfig(temperature=1.0, seed=2024),
         SamplingConfig(temperature=0.8, top_p=0.9, seed=2024),
         SamplingConfig(temperature=1.3, top_k=10, seed=2024),
+        SamplingConfig(temperature=1.5, min_p=0.05, seed=2024),
     ],
 )
 def test_a_seeded_row_draws_the_same_alone_or_in_a_mixed_batch(target: SamplingConfig) -> None:
@@ -133,6 +177,7 @@ def test_a_seeded_row_draws_the_same_alone_or_in_a_mixed_batch(target: SamplingC
         SamplingConfig(temperature=1.0, top_k=3, seed=1),
         SamplingConfig(temperature=2.0, top_p=0.5, seed=2),
         SamplingConfig(temperature=0.5, top_k=20, top_p=0.8),
+        SamplingConfig(temperature=1.0, min_p=0.3, seed=3),
     ]
     neighbours = [others[i % len(others)] for i in range(15)]
     cfgs = [*neighbours[:7], target, *neighbours[7:]]
@@ -145,3 +190,54 @@ def test_a_seeded_row_draws_the_same_alone_or_in_a_mixed_batch(target: SamplingC
         mixed.append(sample(batch, cfgs, gens)[7])
     assert mixed == alone
     assert len(set(alone)) > 1  # the check is not trivially about a constant
+
+
+def reference_adjust(
+    row: torch.Tensor, cfg: SamplingConfig, prompt: list[int], output: list[int]
+) -> torch.Tensor:
+    """One row's penalties and biases, token by token, as their definitions read."""
+    out = row.clone()
+    vocab = len(row)
+    for t in {t for t in prompt + output if 0 <= t < vocab}:
+        out[t] = out[t] / cfg.repetition_penalty if out[t] > 0 else out[t] * cfg.repetition_penalty
+    for t in {t for t in output if 0 <= t < vocab}:
+        out[t] -= cfg.frequency_penalty * output.count(t) + cfg.presence_penalty
+    for t, b in cfg.logit_bias:
+        if t < len(row):
+            out[t] += b
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_adjust_matches_the_definitions_row_by_row(seed: int) -> None:
+    rng = random.Random(seed)
+    rows = 7
+    logits = random_logits(rows, seed)
+    configs = [
+        SamplingConfig(),  # adjusts nothing: left as it is
+        SamplingConfig(repetition_penalty=1.3),
+        SamplingConfig(presence_penalty=0.7, frequency_penalty=-0.4),
+        SamplingConfig(logit_bias=((3, 5.0), (3, -1.0), (VOCAB + 7, 9.0))),  # out of range
+        SamplingConfig(
+            repetition_penalty=0.8,
+            presence_penalty=-1.0,
+            frequency_penalty=1.5,
+            logit_bias=((0, -100.0), (VOCAB - 1, 2.0)),
+        ),
+        SamplingConfig(temperature=1.0, frequency_penalty=0.5),
+        SamplingConfig(repetition_penalty=2.0, presence_penalty=1.0, logit_bias=((5, 1.5),)),
+    ]
+    # Repeats in both lists; one output left empty, ids out of range ignored, and a row
+    # with no ids at all (only its bias applies).
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))] for _ in range(rows)]
+    outputs = [[rng.randrange(VOCAB // 4) for _ in range(rng.randint(0, 40))] for _ in range(rows)]
+    outputs[2] = []
+    prompts[1] += [VOCAB, VOCAB + 3]
+    prompts[6] = outputs[6] = []
+    got = logits.clone()
+    adjust(got, configs, prompts, outputs)
+    for r in range(rows):
+        want = reference_adjust(logits[r], configs[r], prompts[r], outputs[r])
+        torch.testing.assert_close(got[r], want)
+    assert torch.equal(got[0], logits[0])
+    assert not torch.equal(got[4], logits[4])

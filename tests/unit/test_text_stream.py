@@ -41,11 +41,11 @@ def single_bytes(text: str) -> list[bytes]:
 
 
 def stream(
-    chunks: Iterable[bytes | str], stop: Sequence[str] = ()
+    chunks: Iterable[bytes | str], stop: Sequence[str] = (), *, include_stop: bool = False
 ) -> tuple[list[str], str, TextStream]:
     """Push one token at a time; return the deltas, the flushed tail and the stream."""
     dec = ByteDecoder()
-    ts = TextStream(dec, stop)
+    ts = TextStream(dec, stop, include_stop=include_stop)
     deltas = [ts.push([tid]) for tid in dec.ids(chunks)]
     return deltas, ts.flush(), ts
 
@@ -188,6 +188,49 @@ def test_earliest_stop_in_the_same_push_wins_over_a_longer_one() -> None:
     assert "".join(deltas) + tail == "say: the "
 
 
+# --- keeping the stop string (include_stop_str_in_output) --------------------------------------
+def test_a_kept_stop_string_spanning_tokens_ends_the_text() -> None:
+    deltas, tail, ts = stream(["Hello E", "N", "D wor", "ld"], stop=["END"], include_stop=True)
+    assert deltas == ["Hello ", "", "END", ""]  # held back until whole, then sent whole
+    assert tail == "" and ts.stopped
+    assert ts.text == "Hello END"
+
+
+def test_text_after_a_kept_stop_string_in_the_same_token_is_dropped() -> None:
+    deltas, tail, ts = stream(["foo", "xSTOPy", "bar"], stop=["STOP"], include_stop=True)
+    assert deltas == ["foo", "xSTOP", ""]
+    assert ts.stopped and tail == "" and ts.text == "fooxSTOP"
+
+
+def test_a_kept_multibyte_stop_string_split_across_bytes() -> None:
+    deltas, tail, ts = stream(single_bytes("abc中文def"), stop=["中文"], include_stop=True)
+    assert "".join(deltas) + tail == "abc中文"
+    assert all(REPLACEMENT not in d for d in deltas)
+    assert ts.stopped
+
+
+@pytest.mark.parametrize("stops", [["world", "lo"], ["lo", "world"]])
+def test_the_earliest_stop_string_is_the_one_kept(stops: list[str]) -> None:
+    deltas, tail, _ = stream(["hello world"], stop=stops, include_stop=True)
+    assert deltas == ["hello"] and tail == ""
+
+
+def test_of_two_stop_strings_starting_together_the_first_listed_is_kept() -> None:
+    assert stream(["say: the end."], stop=["the", "the end"], include_stop=True)[0] == ["say: the"]
+    assert stream(["say: the end."], stop=["the end", "the"], include_stop=True)[0] == [
+        "say: the end"
+    ]
+
+
+def test_kept_or_cut_the_text_differs_by_the_stop_string_alone() -> None:
+    chunks = single_bytes("one, two; three")
+    cut = stream(chunks, stop=["; "])
+    kept = stream(chunks, stop=["; "], include_stop=True)
+    assert "".join(cut[0]) + cut[1] == "one, two"
+    assert "".join(kept[0]) + kept[1] == "one, two; "
+    assert not stream(chunks, stop=["four"], include_stop=True)[2].stopped
+
+
 def test_empty_stop_strings_are_ignored() -> None:
     deltas, tail, ts = stream(["a", "b"], stop=[""])
     assert deltas == ["a", "b"] and tail == "" and not ts.stopped
@@ -258,3 +301,17 @@ def test_several_stop_strings_cut_before_a_stop_and_never_send_one(
         assert len(out) <= start_of_first_completed
     else:
         assert out == text
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(split_text(), st.data())
+def test_a_kept_stop_string_ends_the_text_at_its_first_occurrence(
+    case: tuple[str, list[bytes]], data: st.DataObject
+) -> None:
+    text, chunks = case
+    stop = data.draw(stop_strings(text))
+    deltas, tail, ts = stream(chunks, stop=[stop], include_stop=True)
+    at = text.find(stop)
+    assert "".join(deltas) + tail == (text[: at + len(stop)] if at >= 0 else text)
+    assert ts.stopped == (at >= 0)
+    assert all(REPLACEMENT not in d for d in deltas)

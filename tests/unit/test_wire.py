@@ -185,19 +185,24 @@ def test_many_errors_are_summarized() -> None:
     assert detail.endswith("more)")
 
 
+ONE_INPUT = "exactly one of 'prompt', 'messages' and 'prompt_token_ids'"
+
+
 @pytest.mark.parametrize(
-    "body",
+    ("body", "why"),
     [
-        {},
-        {"prompt": "a", "messages": [{"role": "user", "content": "b"}]},
-        {"prompt": None, "messages": None},
+        ({}, ONE_INPUT),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, ONE_INPUT),
+        ({"prompt": None, "messages": None}, ONE_INPUT),
+        ({"prompt": "a", "prompt_token_ids": [1, 2]}, ONE_INPUT),
+        ({"prompt_token_ids": [1], "retrieval": {"index": "kb"}}, "not token ids"),
     ],
 )
-def test_exactly_one_of_prompt_and_messages(body: dict[str, object]) -> None:
+def test_exactly_one_of_prompt_messages_and_token_ids(body: dict[str, object], why: str) -> None:
     with pytest.raises(DecodeError) as info:
         decode(GenerateRequest, orjson.dumps(body))
     assert info.value.reason == "invalid"
-    assert "exactly one of 'prompt' and 'messages'" in info.value.detail
+    assert why in info.value.detail
     with pytest.raises(ValidationError):
         GenerateRequest.model_validate(body)
 
@@ -488,10 +493,14 @@ def test_sampling_left_out_takes_the_model_defaults(tmp_path: Path) -> None:
     assert defaults.resolve(None, None, None) == (0.6, 0.9, 0)
     assert defaults.resolve(0.0, None, 5) == (0.0, 0.9, 5)  # what a request gives wins
     assert defaults.unapplied == ()
-    (tmp_path / "generation_config.json").write_text('{"repetition_penalty": 1.1, "min_p": 0.05}')
+    (tmp_path / "generation_config.json").write_text(
+        '{"repetition_penalty": 1.1, "min_p": 0.05, "typical_p": 0.9}'
+    )
     stated = SamplingDefaults.of_folder(tmp_path)
-    assert stated.unapplied == ("min_p",)
+    assert stated.unapplied == ("typical_p",)
     assert stated.repetition(None) == 1.1 and stated.repetition(1.0) == 1.0
+    assert stated.min_prob(None) == 0.05 and stated.min_prob(0.0) == 0.0
+    assert defaults.min_prob(None) == 0.0  # not stated: off
 
 
 def test_min_tokens_cannot_exceed_max_tokens() -> None:

@@ -53,6 +53,7 @@ class EngineRequest:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stop: Sequence[str] = ()
     stop_token_ids: Sequence[int] = ()
+    include_stop: bool = False  # keep the stop string (or stop id's text) that ended it
     ignore_eos: bool = False
     min_tokens: int = 0  # EOS and stop token ids cannot end it before this many tokens
     logprobs: int | None = None  # each token's log-probability and this many alternatives
@@ -236,7 +237,12 @@ class Engine:
         seq = SeqState(req.request_id, list(req.prompt_ids), req.max_tokens, req.priority)
         gen = None if req.sampling.greedy else make_generator(req.sampling.seed, self.runner.device)
         self._live[req.request_id] = _Live(
-            req, seq, TextStream(self.tokenizer, req.stop), gen, stop_ids, constraint
+            req,
+            seq,
+            TextStream(self.tokenizer, req.stop, include_stop=req.include_stop),
+            gen,
+            stop_ids,
+            constraint,
         )
         self.scheduler.add(seq)
         return None
@@ -387,7 +393,8 @@ class Engine:
         if token in live.stop_ids:
             finish = Status.FINISHED_STOPPED
         try:
-            text = "" if finish else live.text.push([token])
+            # A stop id's own text is dropped unless the request keeps what stopped it.
+            text = "" if finish and not live.req.include_stop else live.text.push([token])
             if live.text.stopped:
                 finish = Status.FINISHED_STOPPED
             elif finish is None and live.constraint is not None and live.constraint.terminated:

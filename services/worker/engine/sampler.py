@@ -8,6 +8,7 @@ ends that request alone."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ class SamplingConfig:
     frequency_penalty: float = 0.0  # OpenAI: minus this times its count in the output
     repetition_penalty: float = 1.0  # Hugging Face: tokens of the prompt and output
     logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI: added to these tokens' logits
+    min_p: float = 0.0  # vLLM: keep tokens at least this times as likely as the top one
 
     @property
     def greedy(self) -> bool:
@@ -50,48 +52,78 @@ def adjust(
     outputs: list[list[int]],
 ) -> None:
     """Apply each row's penalties and biases to ``logits`` in place, batched over the rows
-    that have any: token counts by one scatter-add, then elementwise arithmetic (no loop
-    over the vocabulary). Repetition as Hugging Face applies it (over prompt and output;
-    positive logits divided, negative multiplied), then the OpenAI penalties over the
-    output, then the biases."""
+    that have any. Both touch only a few ids of a row (those it has seen, those biased),
+    so they are computed there alone: the logits gathered at those ids, elementwise
+    arithmetic, one indexed write back; nothing is done over the vocabulary. Repetition as
+    Hugging Face applies it (over prompt and output; positive logits divided, negative
+    multiplied), then the OpenAI penalties over the output, then the biases."""
     rows = [i for i, c in enumerate(configs) if c.adjusts]
     if not rows:
         return
+    picked = [configs[i] for i in rows]
     dev, vocab = logits.device, logits.shape[-1]
-    sub = logits[rows].float()
-    out_counts = _counts([outputs[i] for i in rows], vocab, dev)
-    seen = out_counts + _counts([prompts[i] for i in rows], vocab, dev) > 0
-    rep = torch.tensor([configs[i].repetition_penalty for i in rows], device=dev).unsqueeze(1)
-    sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-    freq = torch.tensor([configs[i].frequency_penalty for i in rows], device=dev).unsqueeze(1)
-    pres = torch.tensor([configs[i].presence_penalty for i in rows], device=dev).unsqueeze(1)
-    sub = sub - freq * out_counts - pres * (out_counts > 0)
-    # Ids outside the vocabulary (the wire admits any) bias nothing.
-    biases = [(j, t, b) for j, i in enumerate(rows) for t, b in configs[i].logit_bias if t < vocab]
-    if biases:
-        bias_rows, ids, values = (list(x) for x in zip(*biases, strict=True))
-        sub.index_put_(
-            (torch.tensor(bias_rows, device=dev), torch.tensor(ids, device=dev)),
-            torch.tensor(values, device=dev),
-            accumulate=True,
-        )
     # A penalty at the edge of its range (a repetition penalty of 5e-324) can overflow a
     # logit: keep every value finite, so the row is still sampled, never failed.
     big = torch.finfo(logits.dtype).max
-    logits[rows] = sub.clamp(-big, big).to(logits.dtype)
+    at = torch.tensor(rows, device=dev).unsqueeze(1)
+    seen, has_ids = _seen_ids([prompts[i] + outputs[i] for i in rows], vocab, dev)
+    vals = logits[at, seen].float()
+    n = _occurrences(_padded([outputs[i] for i in rows], vocab, dev), seen)
+    knobs = [(c.repetition_penalty, c.frequency_penalty, c.presence_penalty) for c in picked]
+    rep, freq, pres = torch.tensor(knobs, dtype=vals.dtype, device=dev).unsqueeze(2).unbind(1)
+    new = torch.where(vals > 0, vals / rep, vals * rep) - freq * n - pres * (n > 0)
+    new = torch.where(has_ids, new.clamp(-big, big), vals)
+    # An id seen twice is written twice with the same value (from the same logit and
+    # count), so the order of the writes does not matter.
+    logits[at, seen] = new.to(logits.dtype)
+    # Ids outside the vocabulary (the wire admits any) bias nothing. An id listed twice
+    # gets both biases.
+    biases = [(i, t, b) for i, c in zip(rows, picked, strict=True) for t, b in c.logit_bias]
+    biases = [x for x in biases if x[1] < vocab]
+    if biases:
+        bias_rows, ids, values = zip(*biases, strict=True)
+        where = tuple(torch.tensor([bias_rows, ids], device=dev))
+        added = torch.tensor(values, dtype=logits.dtype, device=dev)
+        logits.index_put_(where, added, accumulate=True)
+        logits[where] = logits[where].clamp(-big, big)
 
 
-def _counts(token_lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """``[rows, vocab]`` occurrences of each token id in each list (ids out of range
-    ignored)."""
-    counts = torch.zeros((len(token_lists), vocab + 1), device=device)
-    longest = max((len(t) for t in token_lists), default=0)
-    if longest:
-        ids = torch.full((len(token_lists), longest), vocab, dtype=torch.long)
-        for r, toks in enumerate(token_lists):
-            ids[r, : len(toks)] = torch.tensor(toks, dtype=torch.long).clamp_(0, vocab)
-        counts.scatter_add_(1, ids.to(device), torch.ones(ids.shape, device=device))
-    return counts[:, :vocab]
+def _seen_ids(
+    token_lists: list[list[int]], vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[rows, longest]`` ids each row has seen, and ``[rows, 1]`` whether it has any.
+    Padding (and ids outside the vocabulary) repeat a real id of the row, the largest,
+    so every entry can be gathered and written; a row with none repeats id 0, which the
+    caller leaves as it is."""
+    ids = _padded(token_lists, vocab, device).sort(dim=1, descending=True).values
+    top = ids[:, :1]
+    has_ids = top >= 0
+    return torch.where(ids < 0, top, ids).clamp(min=0), has_ids
+
+
+def _occurrences(out_ids: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """How often each of ``seen`` (``[rows, n]``) occurs in its row of ``out_ids``
+    (padding -1 never does): two binary searches in the sorted rows."""
+    if out_ids.shape[1] == 0:
+        return torch.zeros(seen.shape, device=seen.device)
+    ordered = out_ids.sort(dim=1).values
+    last = torch.searchsorted(ordered, seen, right=True)
+    return (last - torch.searchsorted(ordered, seen)).float()
+
+
+def _padded(token_lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """``[rows, longest]`` token ids, each list padded with -1 (ids outside ``[0, vocab)``
+    too): one conversion of all the lists together, then one indexed write."""
+    lengths = torch.tensor([len(t) for t in token_lists])
+    longest = int(lengths.max()) if len(token_lists) else 0
+    ids = torch.full((len(token_lists), longest), -1, dtype=torch.long)
+    flat = torch.tensor(list(itertools.chain.from_iterable(token_lists)), dtype=torch.long)
+    if flat.numel():
+        flat[(flat < 0) | (flat >= vocab)] = -1
+        row = torch.repeat_interleave(torch.arange(len(token_lists)), lengths)
+        starts = torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+        ids[row, torch.arange(flat.numel()) - starts] = flat
+    return ids.to(device)
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -132,11 +164,13 @@ def sample(
 
 
 def _filtered_probs(scaled: torch.Tensor, configs: list[SamplingConfig]) -> torch.Tensor:
+    """The distribution each row samples from: min-p first, then top-k and top-p over
+    what is left (vLLM's order)."""
     vocab = scaled.shape[-1]
     top_k = [c.top_k if 0 < c.top_k < vocab else vocab for c in configs]
     top_p = [c.top_p for c in configs]
     # Non-finite rows are reported by ``sample``; here they only must not raise.
-    scaled = scaled.nan_to_num(nan=float("-inf"))
+    scaled = _min_p(scaled.nan_to_num(nan=float("-inf")), [c.min_p for c in configs])
     if max(top_k) == vocab and min(top_p) >= 1.0:
         return torch.softmax(scaled, dim=-1)
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
@@ -150,3 +184,15 @@ def _filtered_probs(scaled: torch.Tensor, configs: list[SamplingConfig]) -> torc
     probs = probs.masked_fill(before >= p, 0.0)
     probs = probs / probs.sum(dim=-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(-1, order, probs)
+
+
+def _min_p(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+    """Mask the tokens less likely than ``min_p`` times the row's top token: in logits,
+    those below the row's maximum plus ``log(min_p)`` (the same test as on probabilities,
+    without their underflow). A row with ``min_p`` 0 keeps everything (its bound is -inf);
+    the top token always stays."""
+    if max(min_p) <= 0.0:
+        return scaled
+    floor = torch.tensor(min_p, device=scaled.device).log().unsqueeze(1)
+    bound = scaled.max(dim=-1, keepdim=True).values + floor
+    return scaled.masked_fill(scaled < bound, float("-inf"))

@@ -2,7 +2,9 @@
 
 Text deltas never split a multi-byte character: a delta whose decoding ends in U+FFFD waits
 for the next token. Text that could still turn into a stop string is held back, so a stop
-string spanning tokens is cut exactly and never half-sent.
+string spanning tokens is cut exactly and never half-sent. The text ends right before the
+first stop string, or right after it where the request keeps it (vLLM's
+``include_stop_str_in_output``); text decoded past it is dropped either way.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ class Decoder(Protocol):
 class TextStream:
     """Turns a growing list of token ids into text deltas for one request."""
 
-    def __init__(self, decoder: Decoder, stop: Sequence[str] = ()) -> None:
+    def __init__(
+        self, decoder: Decoder, stop: Sequence[str] = (), *, include_stop: bool = False
+    ) -> None:
         self._decoder = decoder
         self._stop = [s for s in stop if s]
+        self._include_stop = include_stop
         self._ids: list[int] = []
         self._prefix_offset = 0  # ids before this are settled into _text
         self._read_offset = 0
@@ -40,7 +45,8 @@ class TextStream:
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Add tokens; return the text that is safe to send now. Sets ``stopped`` when a
-        stop string appeared (the returned text ends right before it)."""
+        stop string appeared (the returned text ends right before it, or right after it
+        with ``include_stop``)."""
         self._ids.extend(token_ids)
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(self._ids[self._prefix_offset :])
@@ -59,8 +65,7 @@ class TextStream:
     def _release(self, *, final: bool) -> str:
         if self.stopped:
             return ""
-        start = max(0, self._sent - max((len(s) for s in self._stop), default=0))
-        cut = min((i for s in self._stop if (i := self._text.find(s, start)) >= 0), default=-1)
+        cut = self._stop_cut()
         if cut >= 0:
             self._text = self._text[:cut]
             self.stopped = True
@@ -72,6 +77,17 @@ class TextStream:
         delta = self._text[self._sent : end] if end > self._sent else ""
         self._sent = max(self._sent, end)
         return delta
+
+    def _stop_cut(self) -> int:
+        """Where the text ends for the earliest stop string in it (-1: none). Text already
+        sent holds no whole stop string, so the search starts a stop string's length back."""
+        start = max(0, self._sent - max((len(s) for s in self._stop), default=0))
+        found = [(i, s) for s in self._stop if (i := self._text.find(s, start)) >= 0]
+        if not found:
+            return -1
+        # The earliest; of two starting there, the one listed first (vLLM checks in order).
+        at, stop = min(found, key=lambda f: f[0])
+        return at + len(stop) if self._include_stop else at
 
     def _held_back(self) -> int:
         """Length of the longest text suffix that is a proper prefix of a stop string."""
