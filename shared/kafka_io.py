@@ -55,6 +55,7 @@ def make_producer(
     acknowledged within ``request_timeout_ms`` fails with ``KafkaTimeoutError``."""
     return AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap,
+        **settings.kafka.options(),
         client_id=client_id,
         acks="all",
         enable_idempotence=True,
@@ -196,21 +197,29 @@ def make_consumer(
     group_id: str | None,
     client_id: str,
     session_timeout_ms: int = 10_000,
-    **extra: object,
+    **extra: Any,
 ) -> AIOKafkaConsumer:
-    """A consumer with manual commits: offsets are committed only after the work is safe."""
-    return AIOKafkaConsumer(
-        *topics,
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=group_id,
-        client_id=client_id,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
-        session_timeout_ms=session_timeout_ms,
-        heartbeat_interval_ms=max(100, session_timeout_ms // 3),
-        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-        **extra,
+    """A consumer with manual commits: offsets are committed only after the work is safe.
+    ``extra`` adds or overrides aiokafka options (``auto_offset_reset``, …)."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.kafka_bootstrap,
+        **settings.kafka.options(),
+        "group_id": group_id,
+        "client_id": client_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_bytes": 4 * MAX_MESSAGE_BYTES,
+        "session_timeout_ms": session_timeout_ms,
+        "heartbeat_interval_ms": max(100, session_timeout_ms // 3),
+        "max_partition_fetch_bytes": MAX_MESSAGE_BYTES,
+    }
+    return AIOKafkaConsumer(*topics, **(options | extra))
+
+
+def make_admin(settings: CommonSettings, *, client_id: str) -> AIOKafkaAdminClient:
+    """An admin client (topics, consumer-group offsets, record deletion)."""
+    return AIOKafkaAdminClient(
+        bootstrap_servers=settings.kafka_bootstrap, client_id=client_id, **settings.kafka.options()
     )
 
 
@@ -222,7 +231,7 @@ async def ensure_topics(
 
     Retries while the broker is still starting, so it can run right after the broker's
     port opens."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id="tw-admin")
+    admin = make_admin(settings, client_id="tw-admin")
     for attempt in range(retries):
         try:
             await admin.start()

@@ -45,6 +45,10 @@ class Names:
     def worker_group(self) -> str:
         return f"{self.prefix}.worker"
 
+    def producer_group(self, client_id: str) -> str:
+        """Base of a backend producer's completions-reading groups (``shared.producer``)."""
+        return f"{self.prefix}.producer.{client_id}"
+
     # --- Redis --------------------------------------------------------------------------
     def token_channel(self, request_id: str) -> str:
         """Pub/sub channel carrying a request's live token events."""

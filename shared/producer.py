@@ -17,7 +17,7 @@ from types import TracebackType
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from shared.codec import DecodeError, decode, encode
-from shared.kafka_io import make_producer
+from shared.kafka_io import make_consumer, make_producer
 from shared.messages import Completion, GenerateRequest
 from shared.settings import CommonSettings
 
@@ -37,12 +37,12 @@ class Producer:
         self._producer = make_producer(self.settings, client_id=self._client_id, linger_ms=5)
         await self._producer.start()
         # Subscribe before publishing: completions that arrive early are not missed.
-        self._consumer = AIOKafkaConsumer(
+        self._consumer = make_consumer(
+            self.settings,
             self.names.completions,
-            bootstrap_servers=self.settings.kafka_bootstrap,
-            group_id=f"{self._client_id}-{uuid.uuid4().hex[:8]}",
+            group_id=f"{self.names.producer_group(self._client_id)}-{uuid.uuid4().hex[:8]}",
+            client_id=self._client_id,
             auto_offset_reset="latest",
-            enable_auto_commit=False,
         )
         await self._consumer.start()
         await self._consumer.seek_to_end()

@@ -44,10 +44,10 @@ from typing import Any, TypeAlias
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.admin import RecordsToDelete
 
 from shared.codec import DecodeError, decode
-from shared.kafka_io import MAX_MESSAGE_BYTES, make_producer
+from shared.kafka_io import make_admin, make_consumer, make_producer
 from shared.messages import DeadLetter, GenerateRequest
 from shared.names import Names
 from shared.settings import CommonSettings
@@ -208,11 +208,7 @@ def summary(x: Letter, names: Names) -> dict[str, Any]:
 async def read_letters(settings: CommonSettings, since: float | None = None) -> list[Letter]:
     """Every record of the dead-letter topic now there (from ``since`` on, when given)."""
     topic = settings.names.requests_dlq
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-    )
+    consumer = make_consumer(settings, group_id=None, client_id="tw-dlq")
     await consumer.start()
     try:
         parts = [TopicPartition(topic, p) for p in sorted(await partitions_of(consumer, topic))]
@@ -370,7 +366,7 @@ async def purge(settings: CommonSettings, before: float) -> dict[int, tuple[int,
     """Delete every dead letter written before ``before``, per partition: returns the
     partition's (records deleted, new start offset)."""
     topic = settings.names.requests_dlq
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
+    consumer = make_consumer(settings, group_id=None, client_id="tw-dlq")
     await consumer.start()
     try:
         parts = [TopicPartition(topic, p) for p in sorted(await partitions_of(consumer, topic))]
@@ -384,7 +380,7 @@ async def purge(settings: CommonSettings, before: float) -> dict[int, tuple[int,
     cut = {tp: (found[tp].offset if found[tp] else ends[tp]) for tp in parts}
     todo = {tp: RecordsToDelete(cut[tp]) for tp in parts if cut[tp] > starts[tp]}
     if todo:
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        admin = make_admin(settings, client_id="tw-dlq")
         await admin.start()
         try:
             await admin.delete_records(todo)
