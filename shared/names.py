@@ -20,6 +20,11 @@ class Names:
     def requests(self) -> str:
         return f"{self.prefix}.requests"
 
+    def requests_from(self, source: str) -> str:
+        """The requests topic of one backend service (``TW_REQUEST_SOURCE``): only its
+        Kafka user writes it, and the batcher checks the tenants it speaks for."""
+        return f"{self.prefix}.requests.from-{source}"
+
     @property
     def batches(self) -> str:
         return f"{self.prefix}.batches"

@@ -54,6 +54,12 @@ class Producer:
         if self._producer is not None:
             await self._producer.stop()
 
+    @property
+    def topic(self) -> str:
+        """Where requests go: this service's own requests topic, or the shared one."""
+        source = self.settings.request_source
+        return self.names.requests_from(source) if source else self.names.requests
+
     async def submit(self, req: GenerateRequest) -> str:
         """Publish one request (its seed fixed now) once Kafka has it durably; returns its id."""
         assert self._producer is not None, "use `async with Producer(...)`"
@@ -64,9 +70,7 @@ class Producer:
                     "reply": req.reply.model_copy(update={"kafka_topic": self.names.completions})
                 }
             )
-        await self._producer.send_and_wait(
-            self.names.requests, encode(req), key=req.request_id.encode()
-        )
+        await self._producer.send_and_wait(self.topic, encode(req), key=req.request_id.encode())
         return req.request_id
 
     async def completions(

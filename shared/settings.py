@@ -97,6 +97,13 @@ class CommonSettings(EnvSettings):
         "", description="a client certificate for Redis (TLS with tls-auth-clients)"
     )
     redis_tls_key_file: str = Field("", description="the client certificate's key")
+    request_source: str = Field(
+        "",
+        pattern=r"^([a-z0-9][a-z0-9_-]{0,47})?$",
+        description="a backend service's name among the batchers' TW_REQUEST_SOURCES: "
+        "shared/producer.py publishes to that service's own requests topic; empty: the "
+        "shared one",
+    )
     topic_prefix: str = Field(
         "tw",
         description="namespaces every Kafka topic, consumer group and Redis key, so "

@@ -55,6 +55,7 @@ from services.batcher.routing import (
     partition_for,
 )
 from services.batcher.sizing import pack, request_room
+from services.batcher.sources import Sources
 from services.batcher.window import WindowPolicy
 from shared import registry
 from shared.codec import DecodeError, decode, encode
@@ -135,6 +136,7 @@ class BatcherService:
             linger_ms=0,
             request_timeout_ms=settings.kafka_request_timeout_ms,
         )
+        self.sources = Sources(self.names, settings.sources)
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings, group_id=self.names.batcher_group, client_id=settings.batcher_id
         )
@@ -197,7 +199,7 @@ class BatcherService:
         await self.producer.start()
         self.kafka_probe.start()
         self.consumer.subscribe(
-            [self.names.requests], listener=Rebalance(lambda revoked: self.release(set(revoked)))
+            self.sources.topics, listener=Rebalance(lambda revoked: self.release(set(revoked)))
         )
         await self.consumer.start()
         try:
@@ -298,6 +300,9 @@ class BatcherService:
         except DecodeError as exc:
             return Rejected.of(msg, exc.reason, exc.detail, _salvage_request_id(msg.value))
         rid = req.request_id
+        refused = self.sources.refusal(tp.topic, req.tenant, req.priority)
+        if refused is not None:
+            return Rejected.of(msg, *refused, rid)
         if req.deadline is not None and req.deadline < now:
             return Rejected.of(msg, "deadline_exceeded", "the deadline passed before dispatch", rid)
         size = len(encode(req))
