@@ -61,7 +61,13 @@ from shared import registry
 from shared.codec import DecodeError, decode, encode
 from shared.consumer_flow import Backpressure, Rebalance
 from shared.dead_letters import dead_letter
-from shared.kafka_io import KafkaProbe, RenewingProducer, make_consumer
+from shared.kafka_io import (
+    KafkaProbe,
+    RenewingProducer,
+    make_consumer,
+    start_consumer,
+    unless_stopped,
+)
 from shared.messages import Batch, BatcherStatus, GenerateRequest, Priority, WorkerHeartbeat
 from shared.metrics import serve_metrics
 from shared.names import Names
@@ -196,22 +202,28 @@ class BatcherService:
             self.settings.metrics_host,
             readiness=lambda: {"redis": self.redis.up, "kafka": self.kafka.up},
         )
-        await self.producer.start()
-        self.kafka_probe.start()
-        self.consumer.subscribe(
-            self.sources.topics, listener=Rebalance(lambda revoked: self.release(set(revoked)))
-        )
-        await self.consumer.start()
+        started = await unless_stopped(self._start_kafka(), self._stopping)
         try:
-            while not self._stopping.is_set():
+            while started and not self._stopping.is_set():
                 await self._tick()
-            await self._hand_off()
+            if started:
+                await self._hand_off()
         finally:
             await self.kafka_probe.stop()
             await self.consumer.stop()
             await self.producer.stop()
             await self._withdraw()
             await self.redis.aclose()
+
+    async def _start_kafka(self) -> None:
+        """Start the producer, the probe and the consumer, however long Kafka keeps this
+        batcher out (away, or refusing its login)."""
+        await self.producer.start()
+        self.kafka_probe.start()
+        self.consumer.subscribe(
+            self.sources.topics, listener=Rebalance(lambda revoked: self.release(set(revoked)))
+        )
+        await start_consumer(self.consumer)
 
     def stop(self) -> None:
         self._stopping.set()
