@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import openai
+import orjson
 import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
@@ -184,6 +186,7 @@ async def test_a_service_publishing_for_another_tenant_ends_in_the_dlq(
 
     letters = await _letters_for(secured.settings("tw-admin"), {other_tenant, interactive}, 60)
     by_rid = {x.letter.request_id: x.letter for x in letters if x.letter}
+    assert set(by_rid) == {other_tenant, interactive}, "refused requests not dead-lettered"
     assert by_rid[other_tenant].reason == "tenant_not_allowed"
     assert "globex" in by_rid[other_tenant].detail
     assert by_rid[interactive].reason == "priority_not_allowed"
@@ -218,6 +221,24 @@ async def test_each_user_reads_only_its_own_topics(secured: Secured, user: str, 
             await consumer.getmany(timeout_ms=5000)
     finally:
         await consumer.stop()
+
+
+async def test_the_dashboard_reads_the_lags_as_the_edge_user(stack: Stack) -> None:
+    """The edge's dashboard reads topics, end offsets and group offsets (the lags) within
+    the tw-edge user's ACLs."""
+    async with (
+        httpx.AsyncClient(timeout=30) as http,
+        http.stream("GET", stack.url("edge") + "/dashboard/events") as r,
+    ):
+        assert r.status_code == 200
+        status = None
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and "status" in (event := orjson.loads(line[6:])):
+                status = event["status"]
+                break
+    assert status is not None and status["problems"] == []
+    assert set(status["consumer_lag"]) == {stack.names.batcher_group, stack.names.worker_group}
+    assert status["dlq"]["topic"] == stack.names.requests_dlq
 
 
 def test_no_password_in_any_log(secured: Secured, stack: Stack) -> None:
