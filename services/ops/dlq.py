@@ -6,8 +6,9 @@ again has two dead letters). ``show`` and ``replay`` also take a request id, mea
 request's newest dead letter.
 
 Replay re-publishes the original request bytes (checked against their SHA-256; a letter
-holding only a truncated copy cannot be replayed) to the requests topic, with the replay
-count in the record's ``tw-replay`` header. One Redis script per request decides and
+holding only a truncated copy cannot be replayed) to the requests topic (a backend
+service's own, for a request read from it: the batcher checks its tenant again), with the
+replay count in the record's ``tw-replay`` header. One Redis script per request decides and
 prepares each replay as one step, so racing replays cannot both pass it:
 
 - a request whose stream ended with an answer is not sent again (``answered``);
@@ -110,7 +111,15 @@ def parse_time(text: str, now: float) -> float:
 
 def service_of(letter: DeadLetter, names: Names) -> str:
     """Which service wrote a dead letter, from the topic its message was read from."""
+    if letter.topic.startswith(names.requests_from("")):  # a backend service's own topic
+        return "batcher"
     return {names.requests: "batcher", names.batches: "worker"}.get(letter.topic, "unknown")
+
+
+def replay_topic(letter: DeadLetter, names: Names) -> str:
+    """Where a replayed request goes: back to a backend service's own requests topic (so
+    the batcher checks again which tenants it may speak for), else the shared one."""
+    return letter.topic if letter.topic.startswith(names.requests_from("")) else names.requests
 
 
 def original_bytes(letter: DeadLetter) -> bytes:
@@ -346,7 +355,7 @@ async def replay(
             if verdict == "ok" and producer is not None:
                 try:
                     await producer.send_and_wait(
-                        names.requests,
+                        replay_topic(x.letter, names),
                         raw,
                         key=rid.encode(),
                         headers=[(REPLAY_HEADER, str(n).encode())],

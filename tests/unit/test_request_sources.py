@@ -6,6 +6,8 @@ import pytest
 
 from services.batcher.config import BatcherSettings
 from services.batcher.sources import Sources, parse_sources
+from services.ops.dlq import replay_topic, service_of
+from shared.dead_letters import dead_letter
 from shared.messages import Priority
 from shared.names import Names
 from shared.producer import Producer
@@ -58,3 +60,30 @@ def test_a_producer_writes_its_own_topic_or_the_shared_one() -> None:
     assert Producer(CommonSettings()).topic == "tw.requests"
     with pytest.raises(SettingsError, match="TW_REQUEST_SOURCE"):
         CommonSettings.from_env({"TW_REQUEST_SOURCE": "No Such"})
+
+
+@pytest.mark.parametrize(
+    ("topic", "service", "replayed_to"),
+    [
+        ("tw.requests.from-billing", "batcher", "tw.requests.from-billing"),
+        ("tw.requests", "batcher", "tw.requests"),
+        ("tw.batches", "worker", "tw.requests"),
+    ],
+)
+def test_a_dead_letter_of_a_service_topic_is_replayed_to_that_topic(
+    topic: str, service: str, replayed_to: str
+) -> None:
+    """A replay goes back where the batcher checks the tenant again, never to the shared
+    topic that speaks for any tenant."""
+    letter = dead_letter(
+        reason="tenant_not_allowed",
+        detail="",
+        topic=topic,
+        partition=0,
+        offset=1,
+        key="r1",
+        value=b"{}",
+        request_id="r1",
+    )
+    assert service_of(letter, NAMES) == service
+    assert replay_topic(letter, NAMES) == replayed_to
