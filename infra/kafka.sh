@@ -9,7 +9,9 @@
 #   broker's own); the StandardAuthorizer allows what infra/kafka-acl.conf lists for the
 #   topic prefix TW_TOPIC_PREFIX (and the services of TW_REQUEST_SOURCES), tw-admin is the
 #   super user. Passwords: TW_KAFKA_ACL_DIR (default $TW_RUN_DIR/kafka-acl: <user>.password,
-#   made when missing, 0600). Switching an existing broker's security needs a reset.
+#   made when missing, 0600). Switching an existing broker's security needs a reset. The
+#   broker's certificate is also its client certificate towards the controller: it must
+#   not be restricted to serverAuth (no extendedKeyUsage, or clientAuth among them).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 TW_KAFKA_SECURITY="${TW_KAFKA_SECURITY:-plaintext}"
