@@ -3,8 +3,23 @@
 # test stacks, run from the Maven jars that bootstrap.sh caches. Idempotent verbs:
 #   infra/kafka.sh start|stop|status|logs [tail args]|reset
 # TW_KAFKA_WIPE=1 with start (or `reset`) deletes the data first.
+# TW_KAFKA_SECURITY=sasl_ssl: the client port speaks SASL_SSL only (SCRAM-SHA-512/256 over
+#   TLS with TW_KAFKA_SERVER_CERT_FILE and TW_KAFKA_SERVER_KEY_FILE, signed by
+#   TW_KAFKA_TLS_CA_FILE); the controller port speaks TLS with client certificates (the
+#   broker's own); the StandardAuthorizer allows what infra/kafka-acl.conf lists for the
+#   topic prefix TW_TOPIC_PREFIX (and the services of TW_REQUEST_SOURCES), tw-admin is the
+#   super user. Passwords: TW_KAFKA_ACL_DIR (default $TW_RUN_DIR/kafka-acl: <user>.password,
+#   made when missing, 0600). Switching an existing broker's security needs a reset. The
+#   broker's certificate is also its client certificate towards the controller: it must
+#   not be restricted to serverAuth (no extendedKeyUsage, or clientAuth among them).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+TW_KAFKA_SECURITY="${TW_KAFKA_SECURITY:-plaintext}"
+TW_KAFKA_ACL_DIR="${TW_KAFKA_ACL_DIR:-$TW_RUN_DIR/kafka-acl}"
+case "$TW_KAFKA_SECURITY" in
+  plaintext | sasl_ssl) ;;
+  *) printf '[kafka:%s] TW_KAFKA_SECURITY must be plaintext or sasl_ssl, not "%s"\n' "$TW_STACK" "$TW_KAFKA_SECURITY" >&2; exit 2 ;;
+esac
 
 DIR="$TW_RUN_DIR/kafka"
 DATA="$DIR/data"
@@ -33,10 +48,19 @@ running_pid() {
 }
 
 # A bare TCP connect succeeds as soon as the listener socket is bound, before Kafka serves
-# requests; an ApiVersions (v0) round trip proves the request path is really up.
+# requests; an ApiVersions (v0) round trip proves the request path is really up. SASL
+# allows ApiVersions before the login, so over TLS the same bytes go through openssl.
+API_VERSIONS='\x00\x00\x00\x0c\x00\x12\x00\x00\x00\x00\x00\x01\x00\x02tw'
 answers() (
+  if [ "$TW_KAFKA_SECURITY" = sasl_ssl ]; then
+    # -quiet implies -ign_eof: the session stays open for the answer until head has it.
+    n=$(printf "$API_VERSIONS" | timeout 2 openssl s_client -quiet -verify_return_error \
+      -CAfile "$TW_KAFKA_TLS_CA_FILE" -connect "127.0.0.1:$TW_KAFKA_PORT" | head -c 4 | wc -c)
+    [ "$n" -eq 4 ]
+    exit
+  fi
   exec 3<>"/dev/tcp/127.0.0.1/$TW_KAFKA_PORT" || exit 1
-  printf '\x00\x00\x00\x0c\x00\x12\x00\x00\x00\x00\x00\x01\x00\x02tw' >&3
+  printf "$API_VERSIONS" >&3
   [ "$(timeout 0.5 head -c 4 <&3 | wc -c)" -eq 4 ]
 ) 2>/dev/null
 
@@ -49,9 +73,91 @@ max_message_bytes() {
   echo $((expr))
 }
 
+# The listeners: one PLAINTEXT port, or (sasl_ssl) SASL_SSL for clients and mTLS between
+# the broker and its controller, with the authorizer.
+listeners_config() {
+  if [ "$TW_KAFKA_SECURITY" != sasl_ssl ]; then
+    cat <<EOF
+listeners=PLAINTEXT://127.0.0.1:$TW_KAFKA_PORT,CONTROLLER://127.0.0.1:$TW_KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$TW_KAFKA_PORT
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+EOF
+    return
+  fi
+  local subject admin_pw
+  # Kafka reads a PEM key store as the key followed by its certificate chain.
+  (umask 077; cat "$TW_KAFKA_SERVER_KEY_FILE" "$TW_KAFKA_SERVER_CERT_FILE" >"$DIR/server.pem")
+  # The broker reaches its controller with its own certificate: that subject is a super user.
+  subject=$(openssl x509 -in "$TW_KAFKA_SERVER_CERT_FILE" -noout -subject -nameopt RFC2253 | sed 's/^subject=//')
+  admin_pw=$(password tw-admin)
+  cat <<EOF
+listeners=SASL_SSL://127.0.0.1:$TW_KAFKA_PORT,CONTROLLER://127.0.0.1:$TW_KAFKA_CONTROLLER_PORT
+advertised.listeners=SASL_SSL://127.0.0.1:$TW_KAFKA_PORT
+inter.broker.listener.name=SASL_SSL
+listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL
+sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="tw-admin" password="$admin_pw";
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PEM
+ssl.keystore.location=$DIR/server.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$TW_KAFKA_TLS_CA_FILE
+listener.name.controller.ssl.client.auth=required
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:tw-admin;User:$subject
+EOF
+}
+
+check_security_files() {
+  local f
+  [ "$TW_KAFKA_SECURITY" = sasl_ssl ] || return 0
+  for f in TW_KAFKA_SERVER_CERT_FILE TW_KAFKA_SERVER_KEY_FILE TW_KAFKA_TLS_CA_FILE; do
+    [ -s "${!f:-}" ] || { log "TW_KAFKA_SECURITY=sasl_ssl needs $f"; exit 2; }
+  done
+}
+
+# A user's password, made once (kept: services read it) in a 0600 file.
+password() {
+  local file="$TW_KAFKA_ACL_DIR/$1.password"
+  mkdir -p "$TW_KAFKA_ACL_DIR" && chmod 700 "$TW_KAFKA_ACL_DIR"
+  [ -s "$file" ] || (umask 077; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$file")
+  cat "$file"
+}
+
+# The lines of infra/kafka-acl.conf for this prefix and these backend services, as
+# SecurityTool reads them: each user once (with its password file), then each rule.
+security_lines() {
+  local prefix="${TW_TOPIC_PREFIX:-tw}" svc rules="" user
+  rules=$(grep -Ev '^[[:space:]]*(#|$)' "$TW_ROOT/infra/kafka-acl.conf" | grep -v '{svc}' || true)
+  # TW_REQUEST_SOURCES: "svc:tenants[:priorities]" joined by ';' (services/batcher/sources.py)
+  for svc in $(printf '%s' "${TW_REQUEST_SOURCES:-}" | tr ';' '\n' | cut -d: -f1 | tr -d ' '); do
+    rules+=$'\n'$(grep -Ev '^[[:space:]]*#' "$TW_ROOT/infra/kafka-acl.conf" | grep '{svc}' | sed "s/{svc}/$svc/g")
+  done
+  rules=$(printf '%s\n' "$rules" | sed "s/{p}/$prefix/g" | grep -v '^[[:space:]]*$')
+  for user in $(printf '%s\n' "$rules" | awk '{print $1}' | awk '!seen[$0]++'); do
+    password "$user" >/dev/null
+    echo "user $user $TW_KAFKA_ACL_DIR/$user.password"
+  done
+  printf '%s\n' "$rules" | awk '{print "acl", $1, $2, $3, $4, $5}'
+}
+
+# The users and rules, applied through the super user's login (each start: idempotent).
+apply_security() {
+  local out
+  out=$(security_lines | java -Dkafka.logs.dir="$LOGS/security-tool" \
+    -Dlog4j2.configurationFile="$TW_ROOT/infra/kafka/log4j2.yaml" -cp "$LIBS/*" \
+    "$TW_ROOT/infra/kafka/SecurityTool.java" "127.0.0.1:$TW_KAFKA_PORT" "$TW_KAFKA_TLS_CA_FILE" \
+    tw-admin "$TW_KAFKA_ACL_DIR/tw-admin.password" 2>&1) || { log "users and ACLs not applied: $out"; exit 1; }
+  log "$out (prefix ${TW_TOPIC_PREFIX:-tw})"
+}
+
 write_config() {
   local max_bytes
   max_bytes=$(max_message_bytes)
+  rm -f "$CONF"; (umask 077; : >"$CONF")  # it may hold the inter-broker password
   cat >"$CONF" <<EOF
 # Generated by infra/kafka.sh on each start; edit the script, not this file.
 node.id=1
@@ -59,10 +165,7 @@ process.roles=broker,controller
 # Dynamic quorum (KIP-853): formatted with --standalone, so no static voters list.
 controller.quorum.bootstrap.servers=127.0.0.1:$TW_KAFKA_CONTROLLER_PORT
 controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://127.0.0.1:$TW_KAFKA_PORT,CONTROLLER://127.0.0.1:$TW_KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$TW_KAFKA_PORT
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+$(listeners_config)
 log.dirs=$DATA
 # One node: every internal topic must accept a replication factor of 1.
 offsets.topic.replication.factor=1
@@ -95,8 +198,14 @@ format_once() {
     echo "$id" >"$DIR/cluster.id"
   }
   log "formatting $DATA (cluster id $(cat "$DIR/cluster.id"))"
+  # A secured broker starts with its super user, whose login applies the other users and
+  # the ACLs (apply_security). The format tool takes the password only as an argument.
+  local scram=()
+  [ "$TW_KAFKA_SECURITY" = sasl_ssl ] &&
+    scram=(--add-scram "SCRAM-SHA-512=[name=tw-admin,password=$(password tw-admin)]")
   java "${JAVA_OPTS[@]}" -cp "$LIBS/*" kafka.tools.StorageTool format \
-    --cluster-id "$(cat "$DIR/cluster.id")" --config "$CONF" --standalone >"$LOGS/format.log" 2>&1 \
+    --cluster-id "$(cat "$DIR/cluster.id")" --config "$CONF" --standalone "${scram[@]}" \
+    >"$LOGS/format.log" 2>&1 \
     || { cat "$LOGS/format.log" >&2; exit 1; }
 }
 
@@ -124,6 +233,7 @@ start() {
   if answers; then log "port $TW_KAFKA_PORT is served by another process"; exit 1; fi
   [ -f "$LIBS/.complete" ] || { log "no Kafka jars in $LIBS: run infra/bootstrap.sh"; exit 1; }
   [ "${TW_KAFKA_WIPE:-0}" = 1 ] && { log "wiping $DATA"; rm -rf "$DATA" "$DIR/cluster.id"; }
+  check_security_files
   mkdir -p "$DATA" "$LOGS"
   write_config
   format_once
@@ -148,10 +258,11 @@ stop() {
 }
 
 case "${1:-}" in
-  start) start ;;
+  # A secured broker's users and rules are applied on every start (a running one's too).
+  start) start; [ "$TW_KAFKA_SECURITY" != sasl_ssl ] || apply_security ;;
   stop) stop ;;
   status) running_pid >/dev/null && answers ;;
   logs) shift; tail -n 200 "$@" "$LOGS/server.log" ;;
-  reset) TW_KAFKA_WIPE=1 start ;;
+  reset) TW_KAFKA_WIPE=1 start; [ "$TW_KAFKA_SECURITY" != sasl_ssl ] || apply_security ;;
   *) echo "usage: $0 start|stop|status|logs [tail args]|reset" >&2; exit 2 ;;
 esac

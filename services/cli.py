@@ -131,6 +131,10 @@ def cmd_topics(args: argparse.Namespace) -> None:
         n.completions: args.completions,
         n.requests_dlq: 1,
     }
+    from services.batcher.config import BatcherSettings
+
+    for source in BatcherSettings.from_env().sources:  # backend services' own requests topics
+        parts[n.requests_from(source.name)] = args.requests
     created = asyncio.run(ensure_topics(settings, parts))
     print(f"topics ready ({', '.join(created) or 'all existed'} created)")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -21,7 +21,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.metadata import MetadataRequest
 
-from shared.retry import KAFKA_DOWN
+from shared.retry import KAFKA_DOWN, backoff
 from shared.settings import CommonSettings
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,12 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 RECORD_OVERHEAD_BYTES = 4096
 MAX_VALUE_BYTES = MAX_MESSAGE_BYTES - RECORD_OVERHEAD_BYTES
 
+
+# A client that cannot start (no broker answers, or none accepts this service's login)
+# tries again after these delays: a service started before Kafka, or with a password
+# Kafka refuses, waits and keeps trying (a fixed password file is read on the next try).
+START_RETRY_FIRST_S = 0.5
+START_RETRY_CAP_S = 5.0
 
 # How often a probe asks Kafka whether it answers, and how long it waits for the answer.
 PROBE_INTERVAL_S = 1.0
@@ -55,6 +61,7 @@ def make_producer(
     acknowledged within ``request_timeout_ms`` fails with ``KafkaTimeoutError``."""
     return AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap,
+        **settings.kafka.options(),
         client_id=client_id,
         acks="all",
         enable_idempotence=True,
@@ -115,7 +122,22 @@ class RenewingProducer:
         return self._current.client
 
     async def start(self) -> None:
-        await self._current.start()
+        """Start, trying again with a new producer for as long as Kafka does not let it
+        in (away, or refusing the login: aiokafka logs each refusal)."""
+        failures = 0
+        while True:
+            try:
+                await self._current.start()
+                return
+            except KAFKA_DOWN as exc:
+                await self._current.stop()
+                if failures == 0:
+                    log.warning("Kafka does not let the producer in (%r): trying again", exc)
+                await asyncio.sleep(
+                    backoff(failures, first_s=START_RETRY_FIRST_S, cap_s=START_RETRY_CAP_S)
+                )
+                failures += 1
+                self._current = make_producer(self._settings, **self._options)
 
     async def stop(self) -> None:
         """Stop the current producer (it flushes what it holds) and any being retired."""
@@ -196,22 +218,64 @@ def make_consumer(
     group_id: str | None,
     client_id: str,
     session_timeout_ms: int = 10_000,
-    **extra: object,
+    **extra: Any,
 ) -> AIOKafkaConsumer:
-    """A consumer with manual commits: offsets are committed only after the work is safe."""
-    return AIOKafkaConsumer(
-        *topics,
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=group_id,
-        client_id=client_id,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
-        session_timeout_ms=session_timeout_ms,
-        heartbeat_interval_ms=max(100, session_timeout_ms // 3),
-        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-        **extra,
+    """A consumer with manual commits: offsets are committed only after the work is safe.
+    ``extra`` adds or overrides aiokafka options (``auto_offset_reset``, …)."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.kafka_bootstrap,
+        **settings.kafka.options(),
+        "group_id": group_id,
+        "client_id": client_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_bytes": 4 * MAX_MESSAGE_BYTES,
+        "session_timeout_ms": session_timeout_ms,
+        "heartbeat_interval_ms": max(100, session_timeout_ms // 3),
+        "max_partition_fetch_bytes": MAX_MESSAGE_BYTES,
+    }
+    return AIOKafkaConsumer(*topics, **(options | extra))
+
+
+def make_admin(settings: CommonSettings, *, client_id: str) -> AIOKafkaAdminClient:
+    """An admin client (topics, consumer-group offsets, record deletion)."""
+    return AIOKafkaAdminClient(
+        bootstrap_servers=settings.kafka_bootstrap, client_id=client_id, **settings.kafka.options()
     )
+
+
+async def start_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Start a consumer, trying again for as long as Kafka does not let it in (a failed
+    start stops at the bootstrap, before the consumer holds anything, so it can be
+    started again)."""
+    failures = 0
+    while True:
+        try:
+            await consumer.start()
+            return
+        except KAFKA_DOWN as exc:
+            if failures == 0:
+                log.warning("Kafka does not let the consumer in (%r): trying again", exc)
+            await asyncio.sleep(
+                backoff(failures, first_s=START_RETRY_FIRST_S, cap_s=START_RETRY_CAP_S)
+            )
+            failures += 1
+
+
+async def unless_stopped(start: Awaitable[None], stopping: asyncio.Event) -> bool:
+    """Await ``start`` (a start that may retry for as long as Kafka keeps the service
+    out) unless ``stopping`` is set first: then cancel it and return False, so a service
+    asked to stop while it waits for Kafka exits instead of waiting on."""
+    starting = asyncio.ensure_future(start)
+    stop = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if starting.done():
+        starting.result()
+        return True
+    starting.cancel()
+    await asyncio.gather(starting, return_exceptions=True)
+    return False
 
 
 async def ensure_topics(
@@ -222,7 +286,7 @@ async def ensure_topics(
 
     Retries while the broker is still starting, so it can run right after the broker's
     port opens."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id="tw-admin")
+    admin = make_admin(settings, client_id="tw-admin")
     for attempt in range(retries):
         try:
             await admin.start()

@@ -20,6 +20,11 @@ class Names:
     def requests(self) -> str:
         return f"{self.prefix}.requests"
 
+    def requests_from(self, source: str) -> str:
+        """The requests topic of one backend service (``TW_REQUEST_SOURCE``): only its
+        Kafka user writes it, and the batcher checks the tenants it speaks for."""
+        return f"{self.prefix}.requests.from-{source}"
+
     @property
     def batches(self) -> str:
         return f"{self.prefix}.batches"
@@ -44,6 +49,10 @@ class Names:
     @property
     def worker_group(self) -> str:
         return f"{self.prefix}.worker"
+
+    def producer_group(self, client_id: str) -> str:
+        """Base of a backend producer's completions-reading groups (``shared.producer``)."""
+        return f"{self.prefix}.producer.{client_id}"
 
     # --- Redis --------------------------------------------------------------------------
     def token_channel(self, request_id: str) -> str:

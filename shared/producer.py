@@ -17,7 +17,7 @@ from types import TracebackType
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from shared.codec import DecodeError, decode, encode
-from shared.kafka_io import make_producer
+from shared.kafka_io import make_consumer, make_producer
 from shared.messages import Completion, GenerateRequest
 from shared.settings import CommonSettings
 
@@ -37,12 +37,12 @@ class Producer:
         self._producer = make_producer(self.settings, client_id=self._client_id, linger_ms=5)
         await self._producer.start()
         # Subscribe before publishing: completions that arrive early are not missed.
-        self._consumer = AIOKafkaConsumer(
+        self._consumer = make_consumer(
+            self.settings,
             self.names.completions,
-            bootstrap_servers=self.settings.kafka_bootstrap,
-            group_id=f"{self._client_id}-{uuid.uuid4().hex[:8]}",
+            group_id=f"{self.names.producer_group(self._client_id)}-{uuid.uuid4().hex[:8]}",
+            client_id=self._client_id,
             auto_offset_reset="latest",
-            enable_auto_commit=False,
         )
         await self._consumer.start()
         await self._consumer.seek_to_end()
@@ -54,6 +54,12 @@ class Producer:
         if self._producer is not None:
             await self._producer.stop()
 
+    @property
+    def topic(self) -> str:
+        """Where requests go: this service's own requests topic, or the shared one."""
+        source = self.settings.request_source
+        return self.names.requests_from(source) if source else self.names.requests
+
     async def submit(self, req: GenerateRequest) -> str:
         """Publish one request (its seed fixed now) once Kafka has it durably; returns its id."""
         assert self._producer is not None, "use `async with Producer(...)`"
@@ -64,9 +70,7 @@ class Producer:
                     "reply": req.reply.model_copy(update={"kafka_topic": self.names.completions})
                 }
             )
-        await self._producer.send_and_wait(
-            self.names.requests, encode(req), key=req.request_id.encode()
-        )
+        await self._producer.send_and_wait(self.topic, encode(req), key=req.request_id.encode())
         return req.request_id
 
     async def completions(

@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shared.kafka_access import KafkaAccess, SaslMechanism, SecurityProtocol
 from shared.names import Names
 from shared.prefix_hash import BLOCK_SIZE
 from shared.redis_client import RedisAccess
@@ -48,7 +49,10 @@ class EnvSettings(BaseModel):
         except ValidationError as exc:
             problems = []
             for err in exc.errors():
-                field = str(err["loc"][0]) if err["loc"] else "?"
+                if not err["loc"]:  # a check of several fields: its message names them
+                    problems.append(err["msg"].removeprefix("Value error, "))
+                    continue
+                field = str(err["loc"][0])
                 shown = values.get(field, "<unset>")
                 problems.append(f"{cls.env_key(field)}={shown!r}: {err['msg']}")
             raise SettingsError("bad configuration: " + "; ".join(problems)) from None
@@ -60,11 +64,31 @@ class CommonSettings(EnvSettings):
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers (host:port, comma-separated)"
     )
+    kafka_security_protocol: SecurityProtocol = Field(
+        SecurityProtocol.PLAINTEXT,
+        description="how every Kafka client speaks to the brokers: PLAINTEXT, SASL_SSL "
+        "(a SCRAM login over TLS) or SSL (TLS alone, mTLS with a client certificate)",
+    )
+    kafka_sasl_mechanism: SaslMechanism = Field(
+        SaslMechanism.SCRAM_SHA_512, description="the SASL mechanism of SASL_SSL"
+    )
+    kafka_username: str = Field("", description="the service's Kafka (SCRAM) user")
+    kafka_password: str = Field("", repr=False, description="its password (empty: the file's)")
+    kafka_password_file: str = Field("", description="a file holding the Kafka password")
+    kafka_tls_ca_file: str = Field(
+        "", description="CA certificate(s) that sign the brokers' (empty: the system's)"
+    )
+    kafka_tls_cert_file: str = Field(
+        "", description="a client certificate for Kafka (mTLS; PEM, its key beside it)"
+    )
+    kafka_tls_key_file: str = Field("", description="the Kafka client certificate's key")
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="the Redis server (rediss://: TLS)"
     )
     redis_username: str = Field("", description="the service's Redis ACL user (empty: the URL's)")
-    redis_password: str = Field("", description="its password (empty: the file's, or the URL's)")
+    redis_password: str = Field(
+        "", repr=False, description="its password (empty: the file's, or the URL's)"
+    )
     redis_password_file: str = Field("", description="a file holding the Redis password")
     redis_tls_ca_file: str = Field(
         "", description="CA certificate(s) that sign Redis's (rediss://; empty: the system's)"
@@ -73,6 +97,13 @@ class CommonSettings(EnvSettings):
         "", description="a client certificate for Redis (TLS with tls-auth-clients)"
     )
     redis_tls_key_file: str = Field("", description="the client certificate's key")
+    request_source: str = Field(
+        "",
+        pattern=r"^([a-z0-9][a-z0-9_-]{0,47})?$",
+        description="a backend service's name among the batchers' TW_REQUEST_SOURCES: "
+        "shared/producer.py publishes to that service's own requests topic; empty: the "
+        "shared one",
+    )
     topic_prefix: str = Field(
         "tw",
         description="namespaces every Kafka topic, consumer group and Redis key, so "
@@ -111,6 +142,23 @@ class CommonSettings(EnvSettings):
             return Path(self.index_dir)
         cache = os.environ.get("TOKENWIRE_CACHE") or Path.home() / ".cache" / "tokenwire"
         return Path(cache) / "indexes"
+
+    @model_validator(mode="after")
+    def _kafka_login(self) -> Self:
+        sasl = self.kafka_security_protocol is SecurityProtocol.SASL_SSL
+        if sasl and not (self.kafka_username and (self.kafka_password or self.kafka_password_file)):
+            raise ValueError(
+                "TW_KAFKA_SECURITY_PROTOCOL=SASL_SSL needs TW_KAFKA_USERNAME and "
+                "TW_KAFKA_PASSWORD or TW_KAFKA_PASSWORD_FILE"
+            )
+        if self.kafka_tls_key_file and not self.kafka_tls_cert_file:
+            raise ValueError("TW_KAFKA_TLS_KEY_FILE is set without TW_KAFKA_TLS_CERT_FILE")
+        return self
+
+    @property
+    def kafka(self) -> KafkaAccess:
+        """How this service's Kafka clients log in: protocol, SASL user, TLS files."""
+        return KafkaAccess.of(self)
 
     @property
     def redis(self) -> RedisAccess:

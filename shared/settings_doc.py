@@ -99,6 +99,21 @@ SCRIPT_SETTINGS: tuple[Row, ...] = (
     Row("TW_REDIS_SERVER_CERT_FILE", "infra/redis.sh", "(empty)", "Redis's TLS certificate"),
     Row("TW_REDIS_SERVER_KEY_FILE", "infra/redis.sh", "(empty)", "its private key"),
     Row(
+        "TW_KAFKA_SECURITY",
+        "infra/kafka.sh",
+        "`plaintext`",
+        "`sasl_ssl`: SCRAM users over TLS, the StandardAuthorizer and the per-service ACLs of "
+        "`infra/kafka-acl.conf` (for `TW_TOPIC_PREFIX` and `TW_REQUEST_SOURCES`)",
+    ),
+    Row(
+        "TW_KAFKA_ACL_DIR",
+        "infra/kafka.sh",
+        "`$TW_RUN_DIR/kafka-acl`",
+        "the Kafka users' password files (`<user>.password`, made when missing, 0600)",
+    ),
+    Row("TW_KAFKA_SERVER_CERT_FILE", "infra/kafka.sh", "(empty)", "the broker's TLS certificate"),
+    Row("TW_KAFKA_SERVER_KEY_FILE", "infra/kafka.sh", "(empty)", "its private key"),
+    Row(
         "TW_REQUESTS_PARTITIONS",
         "infra scripts, `tokenwire topics`",
         "`4`",

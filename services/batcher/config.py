@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import socket
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from services.batcher.routing import RoutingMode
+from services.batcher.sources import Source, parse_sources
 from shared.settings import FleetSettings
 
 
@@ -45,6 +46,23 @@ class BatcherSettings(FleetSettings):
     max_queued_tokens: int = Field(
         4_000_000, ge=1, description="pause consumption above this (prompt + max_tokens)"
     )
+    request_sources: str = Field(
+        "",
+        description="backend services with requests topics of their own and the tenants "
+        "(and priorities) each may speak for: 'svc:tenant,tenant[:bulk,interactive]' "
+        "joined by ';', '*' for any (services/batcher/sources.py); empty: the shared "
+        "requests topic alone, which speaks for any tenant",
+    )
     kafka_request_timeout_ms: int = Field(
         30_000, ge=1000, description="a batch or dead letter unacknowledged this long is retried"
     )
+
+    @field_validator("request_sources")
+    @classmethod
+    def _sources_parse(cls, v: str) -> str:
+        parse_sources(v)
+        return v
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        return parse_sources(self.request_sources)

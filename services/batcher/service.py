@@ -55,12 +55,19 @@ from services.batcher.routing import (
     partition_for,
 )
 from services.batcher.sizing import pack, request_room
+from services.batcher.sources import Sources
 from services.batcher.window import WindowPolicy
 from shared import registry
 from shared.codec import DecodeError, decode, encode
 from shared.consumer_flow import Backpressure, Rebalance
 from shared.dead_letters import dead_letter
-from shared.kafka_io import KafkaProbe, RenewingProducer, make_consumer
+from shared.kafka_io import (
+    KafkaProbe,
+    RenewingProducer,
+    make_consumer,
+    start_consumer,
+    unless_stopped,
+)
 from shared.messages import Batch, BatcherStatus, GenerateRequest, Priority, WorkerHeartbeat
 from shared.metrics import serve_metrics
 from shared.names import Names
@@ -135,6 +142,7 @@ class BatcherService:
             linger_ms=0,
             request_timeout_ms=settings.kafka_request_timeout_ms,
         )
+        self.sources = Sources(self.names, settings.sources)
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings, group_id=self.names.batcher_group, client_id=settings.batcher_id
         )
@@ -194,22 +202,28 @@ class BatcherService:
             self.settings.metrics_host,
             readiness=lambda: {"redis": self.redis.up, "kafka": self.kafka.up},
         )
-        await self.producer.start()
-        self.kafka_probe.start()
-        self.consumer.subscribe(
-            [self.names.requests], listener=Rebalance(lambda revoked: self.release(set(revoked)))
-        )
-        await self.consumer.start()
+        started = await unless_stopped(self._start_kafka(), self._stopping)
         try:
-            while not self._stopping.is_set():
+            while started and not self._stopping.is_set():
                 await self._tick()
-            await self._hand_off()
+            if started:
+                await self._hand_off()
         finally:
             await self.kafka_probe.stop()
             await self.consumer.stop()
             await self.producer.stop()
             await self._withdraw()
             await self.redis.aclose()
+
+    async def _start_kafka(self) -> None:
+        """Start the producer, the probe and the consumer, however long Kafka keeps this
+        batcher out (away, or refusing its login)."""
+        await self.producer.start()
+        self.kafka_probe.start()
+        self.consumer.subscribe(
+            self.sources.topics, listener=Rebalance(lambda revoked: self.release(set(revoked)))
+        )
+        await start_consumer(self.consumer)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -298,6 +312,9 @@ class BatcherService:
         except DecodeError as exc:
             return Rejected.of(msg, exc.reason, exc.detail, _salvage_request_id(msg.value))
         rid = req.request_id
+        refused = self.sources.refusal(tp.topic, req.tenant, req.priority)
+        if refused is not None:
+            return Rejected.of(msg, *refused, rid)
         if req.deadline is not None and req.deadline < now:
             return Rejected.of(msg, "deadline_exceeded", "the deadline passed before dispatch", rid)
         size = len(encode(req))

@@ -29,6 +29,7 @@ from services.batcher.service import BatcherService
 from services.bench.cluster import Stack, StreamRecorder, make_stack
 from services.bench.stats import pct
 from shared.codec import encode
+from shared.kafka_io import make_producer
 from shared.messages import GenerateRequest, SamplingParams
 
 WORDS = (
@@ -74,7 +75,7 @@ class Bench:
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
         batcher = BatcherService(settings, tokenizer)
         task = asyncio.create_task(batcher.run())
-        producer = AIOKafkaProducer(bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"], acks="all")
+        producer = make_producer(stack.settings, client_id="tw-bench", linger_ms=0)
         await producer.start()
         try:
             async with StreamRecorder(stack.env["TW_REDIS_URL"], stack.names) as rec:

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
+from services.batcher.sources import parse_sources
 from services.edge.auth import hash_key, new_key
 from shared import registry
 from shared.codec import decode
@@ -65,10 +66,10 @@ class Stack:
 
     async def create_topics(self, partitions: int = 2) -> None:
         n = self.names
-        await ensure_topics(
-            self.settings,
-            {n.requests: partitions, n.batches: partitions, n.completions: 1, n.requests_dlq: 1},
-        )
+        topics = {n.requests: partitions, n.batches: partitions, n.completions: 1}
+        for source in parse_sources(self.env.get("TW_REQUEST_SOURCES", "")):
+            topics[n.requests_from(source.name)] = partitions
+        await ensure_topics(self.settings, {**topics, n.requests_dlq: 1})
 
     def start(
         self, kind: str, name: str | None = None, **extra_env: str

@@ -11,13 +11,13 @@ from itertools import pairwise
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaProducer
 
 from services.bench.cluster import Stack, StreamRecorder
 from services.bench.sse_client import SsePool
 from services.bench.stats import summary
 from services.bench.workload import Mix
 from shared.codec import encode
+from shared.kafka_io import make_producer
 from shared.messages import GenerateRequest, Priority, SamplingParams
 
 COMPLETIONS = "/v1/completions"
@@ -131,9 +131,7 @@ def latency_summary(samples: list[Sample]) -> dict[str, Any]:
 async def open_loop(stack: Stack, mix: Mix, rate: float, seconds: float) -> dict[str, Any]:
     """Poisson arrivals published straight to Kafka (as backend producers do)."""
     rng = random.Random(int(rate * 1000))
-    producer = AIOKafkaProducer(
-        bootstrap_servers=stack.env["TW_KAFKA_BOOTSTRAP"], acks="all", linger_ms=0
-    )
+    producer = make_producer(stack.settings, client_id="tw-bench", linger_ms=0)
     await producer.start()
     sent: dict[str, float] = {}
     try:

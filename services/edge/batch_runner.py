@@ -29,7 +29,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
 from services.bulk.runner import MAX_IN_FLIGHT
@@ -44,6 +44,7 @@ from services.edge.batch_store import (
 from services.edge.cancel import queue_cancel
 from services.edge.state import EdgeState
 from shared.codec import DecodeError, decode, encode
+from shared.kafka_io import make_consumer
 from shared.messages import CancelRequest, Completion
 from shared.retry import REDIS_DOWN
 
@@ -269,10 +270,8 @@ class BatchRunner:
         if not await self.store.lease_collector(self.me, LEASE_MS):
             await asyncio.sleep(TICK_S)
             return
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.st.settings.kafka_bootstrap,
-            client_id=f"edge-batches-{self.me}",
-            enable_auto_commit=False,
+        consumer = make_consumer(
+            self.st.settings, group_id=None, client_id=f"edge-batches-{self.me}"
         )
         await consumer.start()
         try:

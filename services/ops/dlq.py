@@ -6,8 +6,9 @@ again has two dead letters). ``show`` and ``replay`` also take a request id, mea
 request's newest dead letter.
 
 Replay re-publishes the original request bytes (checked against their SHA-256; a letter
-holding only a truncated copy cannot be replayed) to the requests topic, with the replay
-count in the record's ``tw-replay`` header. One Redis script per request decides and
+holding only a truncated copy cannot be replayed) to the requests topic (a backend
+service's own, for a request read from it: the batcher checks its tenant again), with the
+replay count in the record's ``tw-replay`` header. One Redis script per request decides and
 prepares each replay as one step, so racing replays cannot both pass it:
 
 - a request whose stream ended with an answer is not sent again (``answered``);
@@ -44,10 +45,10 @@ from typing import Any, TypeAlias
 import orjson
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.admin import RecordsToDelete
 
 from shared.codec import DecodeError, decode
-from shared.kafka_io import MAX_MESSAGE_BYTES, make_producer
+from shared.kafka_io import make_admin, make_consumer, make_producer
 from shared.messages import DeadLetter, GenerateRequest
 from shared.names import Names
 from shared.settings import CommonSettings
@@ -110,7 +111,15 @@ def parse_time(text: str, now: float) -> float:
 
 def service_of(letter: DeadLetter, names: Names) -> str:
     """Which service wrote a dead letter, from the topic its message was read from."""
+    if letter.topic.startswith(names.requests_from("")):  # a backend service's own topic
+        return "batcher"
     return {names.requests: "batcher", names.batches: "worker"}.get(letter.topic, "unknown")
+
+
+def replay_topic(letter: DeadLetter, names: Names) -> str:
+    """Where a replayed request goes: back to a backend service's own requests topic (so
+    the batcher checks again which tenants it may speak for), else the shared one."""
+    return letter.topic if letter.topic.startswith(names.requests_from("")) else names.requests
 
 
 def original_bytes(letter: DeadLetter) -> bytes:
@@ -208,11 +217,7 @@ def summary(x: Letter, names: Names) -> dict[str, Any]:
 async def read_letters(settings: CommonSettings, since: float | None = None) -> list[Letter]:
     """Every record of the dead-letter topic now there (from ``since`` on, when given)."""
     topic = settings.names.requests_dlq
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-    )
+    consumer = make_consumer(settings, group_id=None, client_id="tw-dlq")
     await consumer.start()
     try:
         parts = [TopicPartition(topic, p) for p in sorted(await partitions_of(consumer, topic))]
@@ -350,7 +355,7 @@ async def replay(
             if verdict == "ok" and producer is not None:
                 try:
                     await producer.send_and_wait(
-                        names.requests,
+                        replay_topic(x.letter, names),
                         raw,
                         key=rid.encode(),
                         headers=[(REPLAY_HEADER, str(n).encode())],
@@ -370,7 +375,7 @@ async def purge(settings: CommonSettings, before: float) -> dict[int, tuple[int,
     """Delete every dead letter written before ``before``, per partition: returns the
     partition's (records deleted, new start offset)."""
     topic = settings.names.requests_dlq
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
+    consumer = make_consumer(settings, group_id=None, client_id="tw-dlq")
     await consumer.start()
     try:
         parts = [TopicPartition(topic, p) for p in sorted(await partitions_of(consumer, topic))]
@@ -384,7 +389,7 @@ async def purge(settings: CommonSettings, before: float) -> dict[int, tuple[int,
     cut = {tp: (found[tp].offset if found[tp] else ends[tp]) for tp in parts}
     todo = {tp: RecordsToDelete(cut[tp]) for tp in parts if cut[tp] > starts[tp]}
     if todo:
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        admin = make_admin(settings, client_id="tw-dlq")
         await admin.start()
         try:
             await admin.delete_records(todo)

@@ -36,6 +36,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from redis.exceptions import RedisError
 
 from services.ops.dlq import partitions_of
+from shared.kafka_io import make_admin, make_consumer
 from shared.names import Names
 from shared.redis_client import redis_client
 from shared.settings import CommonSettings, FleetSettings
@@ -388,9 +389,8 @@ class Collector:
 
     async def _kafka(self) -> tuple[AIOKafkaConsumer, AIOKafkaAdminClient]:
         if self._consumer is None or self._admin is None:
-            bootstrap = self.settings.kafka_bootstrap
-            self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-            self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+            self._consumer = make_consumer(self.settings, group_id=None, client_id="tw-status")
+            self._admin = make_admin(self.settings, client_id="tw-status")
             await self._consumer.start()
             await self._admin.start()
         return self._consumer, self._admin

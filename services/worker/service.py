@@ -41,6 +41,7 @@ from services.worker.runtime import EngineProcess
 from services.worker.settle import Settler
 from shared import registry
 from shared.consumer_flow import Rebalance
+from shared.kafka_io import start_consumer, unless_stopped
 from shared.metrics import serve_metrics
 from shared.retry import REDIS_DOWN
 
@@ -74,15 +75,9 @@ class WorkerService:
             readiness=lambda: {"redis": ctx.redis_dep.up, "kafka": ctx.kafka_dep.up},
         )
         await ctx.runner.attach()
-        await ctx.producer.start()
-        ctx.kafka_probe.start()
-        ctx.consumer.subscribe(
-            [ctx.names.batches],
-            listener=Rebalance(
-                lambda revoked: self.hand_back([tp.partition for tp in revoked]), self._assigned
-            ),
-        )
-        await ctx.consumer.start()
+        if not await unless_stopped(self._start_kafka(), self._stopping):
+            await self._close_unstarted()
+            return
         consume = asyncio.create_task(self.intake.run(), name="consume")
         others = [
             asyncio.create_task(self.output.run(), name="publish"),
@@ -109,6 +104,31 @@ class WorkerService:
             await asyncio.wait([consume, *others, stop], timeout=SHUTDOWN_STEP_S)
             await asyncio.to_thread(ctx.runner.stop)
             await asyncio.wait_for(self._shutdown(), timeout=3 * SHUTDOWN_STEP_S)
+
+    async def _start_kafka(self) -> None:
+        """Start the producer, the probe and the consumer, however long Kafka keeps this
+        worker out (away, or refusing its login)."""
+        ctx = self.ctx
+        await ctx.producer.start()
+        ctx.kafka_probe.start()
+        ctx.consumer.subscribe(
+            [ctx.names.batches],
+            listener=Rebalance(
+                lambda revoked: self.hand_back([tp.partition for tp in revoked]), self._assigned
+            ),
+        )
+        await start_consumer(ctx.consumer)
+
+    async def _close_unstarted(self) -> None:
+        """Stopped while Kafka kept it out: nothing was taken, so nothing to hand back."""
+        ctx = self.ctx
+        await asyncio.to_thread(ctx.runner.stop)
+        await ctx.kafka_probe.stop()
+        await ctx.consumer.stop()
+        await ctx.producer.stop()
+        await ctx.publisher.aclose()
+        await ctx.claims.aclose()
+        await ctx.redis.aclose()
 
     def stop(self) -> None:
         self._stopping.set()

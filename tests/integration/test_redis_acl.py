@@ -24,6 +24,7 @@ from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionE
 from services.bench import cluster
 from shared.redis_client import RedisAccess
 from tests.conftest import ROOT, new_prefix
+from tests.integration.certs import make_certs
 from tests.integration.conftest import ARTIFACTS
 from tests.integration.harness import Stack
 from tests.integration.servers import Server, private_server
@@ -32,24 +33,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 MODEL = "tokenwire-tiny"
 USERS = ("tw-edge", "tw-worker", "tw-batcher", "tw-keys", "tw-admin")
-
-
-def make_certs(folder: Path) -> dict[str, Path]:
-    """A CA and a server certificate for 127.0.0.1 signed by it."""
-    folder.mkdir(parents=True)
-    ca, ca_key = folder / "ca.crt", folder / "ca.key"
-    crt, key, csr = folder / "server.crt", folder / "server.key", folder / "server.csr"
-    ext = folder / "ext.cnf"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for cmd in (
-        f"req -x509 -newkey rsa:2048 -nodes -days 1 -keyout {ca_key} -out {ca}",
-        f"req -newkey rsa:2048 -nodes -keyout {key} -out {csr} -subj /CN=127.0.0.1",
-        f"x509 -req -in {csr} -CA {ca} -CAkey {ca_key} -CAcreateserial -out {crt} -days 1 "
-        f"-extfile {ext}",
-    ):
-        extra = ["-subj", "/CN=tokenwire test CA"] if "-x509" in cmd else []
-        subprocess.run(["openssl", *cmd.split(), *extra], check=True, capture_output=True)
-    return {"ca": ca, "cert": crt, "key": key}
 
 
 @dataclass
