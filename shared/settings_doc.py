@@ -196,8 +196,8 @@ SCRIPT_SETTINGS: tuple[Row, ...] = (
     Row(
         "TW_TEST_BATCH_LINES",
         "tests",
-        "`300`",
-        "lines of the Batch API restart test (`500`: the issue's full size)",
+        "`500`",
+        "lines of the Batch API restart test (fewer for a quick run)",
     ),
     Row(
         "TW_TEST_DEVICE",
