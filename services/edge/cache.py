@@ -23,11 +23,13 @@ the semantic cache is off by default.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -116,6 +118,7 @@ class ResponseCache:
         self.metrics = CacheMetrics(registry)
         self.model = model_identity(settings.model_dir, settings.model_name)
         self.semantic = semantic
+        self._remembering: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Load the embedder now (seconds), not on the first request."""
@@ -161,30 +164,39 @@ class ResponseCache:
         self, req: GenerateRequest, mode: CacheMode, digest: str, retrieval_version: str | None
     ) -> Lookup:
         scope = self.scope(req.tenant)
-        gen, entry = await self._read(scope, digest)
+        # Token-id prompts have no text to embed: exact lookups only.
+        semantic = self.semantic if req.prompt_token_ids is None else None
+        # The prompt is embedded while the exact entry is read: the forward pass is most of
+        # a semantic lookup, and an exact hit only drops it.
+        embedding = semantic.start_embedding(req) if semantic and mode.looks_up else None
+        try:
+            gen, entry = await self._read(scope, digest)
+        except BaseException:
+            if embedding is not None:
+                embedding.cancel()
+            raise
         if mode.looks_up:
             self.metrics.lookups.labels("exact", "hit" if entry else "miss").inc()
             if entry:
+                if embedding is not None:
+                    embedding.cancel()
                 return Lookup(CacheResult.EXACT, req, entry)
-        # Token-id prompts have no text to embed: exact lookups only.
-        semantic = self.semantic if req.prompt_token_ids is None else None
         probe = None
-        if semantic is not None:
+        if semantic is not None and embedding is not None:
             started = time.perf_counter()
-            probe = await semantic.lookup(scope, gen, req) if mode.looks_up else None
-            if probe is not None:
-                hit = probe.entry is not None
-                self.metrics.lookups.labels("semantic", "hit" if hit else "miss").inc()
-                self.metrics.lookup_seconds.labels("semantic").observe(
-                    time.perf_counter() - started
-                )
-                if probe.entry is not None:
-                    return Lookup(CacheResult.SEMANTIC, req, probe.entry)
+            probe = await semantic.lookup(scope, gen, req, embedding)
+            hit = probe.entry is not None
+            self.metrics.lookups.labels("semantic", "hit" if hit else "miss").inc()
+            self.metrics.lookup_seconds.labels("semantic").observe(time.perf_counter() - started)
+            if probe.entry is not None:
+                return Lookup(CacheResult.SEMANTIC, req, probe.entry)
         if not mode.stores:
             return Lookup(CacheResult.MISS, req)
         if semantic is not None:
+            # Off the request's path: the entry only matters once the answer is stored,
+            # after the request finishes.
             vector = probe.vector if probe is not None else None
-            await semantic.remember(scope, gen, req, digest, vector)
+            self._remember(semantic.remember(scope, gen, req, digest, vector), req.request_id)
         store = CacheStore(
             digest=digest,
             generation=gen,
@@ -193,6 +205,25 @@ class ResponseCache:
             retrieval_version=retrieval_version,
         )
         return Lookup(CacheResult.MISS, req.model_copy(update={"cache_store": store}))
+
+    def _remember(self, work: Coroutine[Any, Any, None], request_id: str) -> None:
+        """Run a semantic entry's write in the background; a failure is logged (the
+        request is served all the same, only not found by later paraphrases)."""
+
+        async def run() -> None:
+            try:
+                await work
+            except Exception as exc:
+                log.warning("semantic entry not written: %r", exc, extra={"request_id": request_id})
+
+        task = asyncio.create_task(run())
+        self._remembering.add(task)
+        task.add_done_callback(self._remembering.discard)
+
+    async def settle(self) -> None:
+        """Wait for the semantic entries being written (tests, shutdown)."""
+        while self._remembering:
+            await asyncio.gather(*self._remembering, return_exceptions=True)
 
 
 def _extra_inputs(req: GenerateRequest, index_root: Path) -> dict[str, str] | None:

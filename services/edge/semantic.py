@@ -125,7 +125,11 @@ class EmbedBatcher:
         try:
             embedder = await self.embedder()
             while self._pending:
-                batch, self._pending = self._pending, []
+                # A lookup answered before its turn (an exact hit) dropped its text.
+                batch = [(t, fut) for t, fut in self._pending if not fut.done()]
+                self._pending = []
+                if not batch:
+                    continue
                 try:
                     vectors = await asyncio.to_thread(embedder.embed, [t for t, _ in batch])
                 except Exception as exc:  # an embedder failure fails its lookups, not the edge
@@ -167,12 +171,31 @@ class SemanticCache:
     def _stream(self, scope: str, generation: int) -> str:
         return self.names.cache(scope, "s", str(generation))
 
-    async def lookup(self, scope: str, generation: int, req: GenerateRequest) -> Probe:
-        """The stored answer of the nearest agreeing entry, if any."""
+    def start_embedding(self, req: GenerateRequest) -> asyncio.Task[np.ndarray]:
+        """Begin embedding ``req``'s prompt now, so the forward pass overlaps the exact
+        lookup's round trip (cancel the task when the exact cache answers)."""
+        return asyncio.create_task(self.embedder.embed(last_user_text(req)))
+
+    async def lookup(
+        self,
+        scope: str,
+        generation: int,
+        req: GenerateRequest,
+        embedding: asyncio.Task[np.ndarray] | None = None,
+    ) -> Probe:
+        """The stored answer of the nearest agreeing entry, if any. ``embedding``: the
+        prompt's vector, already under way (``start_embedding``). The index is brought up
+        to date while the prompt is embedded."""
         text = last_user_text(req)
-        vector = await self.embedder.embed(text)
+        if embedding is None:
+            embedding = self.start_embedding(req)
+        try:
+            index = await self._synced(scope, generation)
+        except BaseException:
+            embedding.cancel()
+            raise
+        vector = await embedding
         identity = (await self.embedder.embedder()).identity
-        index = await self._synced(scope, generation)
         if index.index.ntotal == 0:
             return Probe(None, vector)
         sims, ids = index.index.search(vector[None, :], min(CANDIDATES, index.index.ntotal))
