@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -237,6 +238,15 @@ def _extra_inputs(req: GenerateRequest, index_root: Path) -> dict[str, str] | No
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A hit written to its request's stream: the events as the replay log holds them, and
+    the Kafka completion record to send (none unless the request asks for one)."""
+
+    events: list[dict[str, Any]]
+    records: list[bytes]
+
+
 async def publish_hit(
     redis: aioredis.Redis,
     names: Names,
@@ -245,14 +255,21 @@ async def publish_hit(
     result: CacheResult,
     *,
     log_ttl_s: int,
-) -> list[bytes]:
-    """Write a hit's events to ``req``'s token stream and replay log, seqs from 0, in one
-    round trip, and return the Kafka completion record to send when ``req`` asks for
-    one (empty list otherwise)."""
+    owner: tuple[str, str, int] | None = None,
+) -> Hit:
+    """Write a hit's events to ``req``'s token stream and replay log, seqs from 0, and
+    ``owner`` (key, record, TTL) when given, in one round trip. The events come back as
+    the log holds them, so the client can be answered from them without reading it."""
     events = replay_events(entry, req.request_id)
-    await token_stream.publish_events(redis, names, events, ttl_s=log_ttl_s)
+    pipe = redis.pipeline(transaction=False)
+    if owner is not None:
+        key, record, ttl_s = owner
+        pipe.set(key, record, ex=ttl_s)
+    token_stream.queue_events(pipe, names, events, ttl_s=log_ttl_s)
+    await pipe.execute()
+    logged = [orjson.loads(encode(ev)) for ev in events]
     if not req.reply.kafka_topic:
-        return []
+        return Hit(logged, [])
     final = events[-1]
     completion = Completion(
         request_id=req.request_id,
@@ -264,7 +281,7 @@ async def publish_hit(
         created_at=req.created_at,
         cache=result,
     )
-    return [encode(completion)]
+    return Hit(logged, [encode(completion)])
 
 
 async def purge(redis: aioredis.Redis, names: Names, scope: str) -> int:
