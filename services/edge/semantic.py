@@ -6,7 +6,7 @@ unit vector, the exact-cache digest of its answer, its text, conversation contex
 sampling class, and the embedder's identity), so every edge shares them and an edge that
 starts, or a Redis that restarts with its data, rebuilds the same index. Each edge keeps
 a FAISS inner-product index per scope, brought up to date from the stream (only new
-entries are read) before each search.
+entries are read) while each lookup's prompt is embedded.
 
 A hit needs, besides a similarity of at least ``TW_SEMANTIC_THRESHOLD``: the same
 conversation context and sampling class, the same embedder, no disagreement in negation,
@@ -171,24 +171,11 @@ class SemanticCache:
     def _stream(self, scope: str, generation: int) -> str:
         return self.names.cache(scope, "s", str(generation))
 
-    def start_embedding(self, req: GenerateRequest) -> asyncio.Task[np.ndarray]:
-        """Begin embedding ``req``'s prompt now, so the forward pass overlaps the exact
-        lookup's round trip (cancel the task when the exact cache answers)."""
-        return asyncio.create_task(self.embedder.embed(last_user_text(req)))
-
-    async def lookup(
-        self,
-        scope: str,
-        generation: int,
-        req: GenerateRequest,
-        embedding: asyncio.Task[np.ndarray] | None = None,
-    ) -> Probe:
-        """The stored answer of the nearest agreeing entry, if any. ``embedding``: the
-        prompt's vector, already under way (``start_embedding``). The index is brought up
-        to date while the prompt is embedded."""
+    async def lookup(self, scope: str, generation: int, req: GenerateRequest) -> Probe:
+        """The stored answer of the nearest agreeing entry, if any. The index is brought up
+        to date while the prompt is embedded (the forward pass is most of a lookup)."""
         text = last_user_text(req)
-        if embedding is None:
-            embedding = self.start_embedding(req)
+        embedding = asyncio.create_task(self.embedder.embed(text))
         try:
             index = await self._synced(scope, generation)
         except BaseException:
