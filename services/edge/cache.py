@@ -253,17 +253,20 @@ async def publish_hit(
     log_ttl_s: int,
     owner: tuple[str, str, int] | None = None,
 ) -> Hit:
-    """Write a hit's events to ``req``'s token stream and replay log, seqs from 0, and
-    ``owner`` (key, record, TTL) when given, in one round trip. The events come back as
-    the log holds them, so the client can be answered from them without reading it."""
+    """Write a hit's events to ``req``'s replay log, seqs from 0, and ``owner`` (key,
+    record, TTL) when given, in one round trip of two commands. The events come back as
+    the log holds them, so the client is answered from them without reading it; they are
+    not published, since no one can be subscribed to a request id not yet handed out (a
+    resume reads the log)."""
     events = replay_events(entry, req.request_id)
+    encoded = [(ev.seq, encode(ev)) for ev in events]
     pipe = redis.pipeline(transaction=False)
     if owner is not None:
         key, record, ttl_s = owner
         pipe.set(key, record, ex=ttl_s)
-    token_stream.queue_events(pipe, names, events, ttl_s=log_ttl_s)
+    token_stream.queue_log(pipe, names, req.request_id, encoded, ttl_s=log_ttl_s)
     await pipe.execute()
-    logged = [orjson.loads(encode(ev)) for ev in events]
+    logged = [orjson.loads(data) for _, data in encoded]
     if not req.reply.kafka_topic:
         return Hit(logged, [])
     final = events[-1]

@@ -91,7 +91,10 @@ def load_single_threaded(model_dir: str | None) -> Embedder:
 
     torch.set_num_threads(1)
     faiss.omp_set_num_threads(1)
-    return load_embedder(model_dir)
+    embedder = load_embedder(model_dir)
+    how = "traced" if embedder.traced else "eager (the trace failed or disagreed)"
+    log.info("embedder %s loaded from %s: %s", embedder.identity, embedder.model_dir, how)
+    return embedder
 
 
 class EmbedBatcher:
