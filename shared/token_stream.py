@@ -52,6 +52,31 @@ def queue_events(
         pipe.execute_command(*cmd)
 
 
+# KEYS[1]: a replay log; ARGV: its MAXLEN, its TTL, then an entry id and an event's bytes
+# for each event, in order. One command for a whole stream's events: a pipeline of an XADD
+# per event costs the client more (packing, one reply each) than the round trip.
+_APPEND_LOG = """
+for i = 3, #ARGV, 2 do
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], ARGV[i], 'd', ARGV[i + 1])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return (#ARGV - 2) / 2
+"""
+
+
+def queue_log(
+    pipe: Any, names: Names, request_id: str, encoded: Sequence[tuple[int, bytes]], *, ttl_s: int
+) -> None:
+    """Add to a redis-py pipeline the one command that appends ``encoded`` ((seq, event
+    bytes), in order) to ``request_id``'s replay log, unpublished: for a stream that no
+    one can follow yet (a cache hit's, under a request id not handed out), whose readers
+    all start from the log."""
+    args: list[bytes | int] = [LOG_MAXLEN, ttl_s]
+    for seq, data in encoded:
+        args += [log_id(seq).encode(), data]
+    pipe.eval(_APPEND_LOG, 1, names.token_log(request_id), *args)
+
+
 async def publish_events(
     client: aioredis.Redis, names: Names, events: Sequence[TokenEvent], *, ttl_s: int = LOG_TTL_S
 ) -> None:

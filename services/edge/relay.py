@@ -70,6 +70,16 @@ class EventStream:
             raise
         return self
 
+    def complete(self, events: list[Event]) -> bool:
+        """Take ``events`` as the stream's, from ``next_seq`` on (a cache hit's, written to
+        the log in the same round trip): True when they reach the final event, and the
+        stream is then read from them, never subscribing or reading the log. False when
+        they stop short: ``open`` it to follow the rest."""
+        for ev in events:
+            if ev["seq"] == self.next_seq and not self.finished:
+                self._take(ev, self._ready)
+        return self.finished
+
     def unfinished(self) -> list[str]:
         """The request id while the stream has not finished (what a disconnect cancels)."""
         return [] if self.finished else [self.request_id]

@@ -6,7 +6,7 @@ unit vector, the exact-cache digest of its answer, its text, conversation contex
 sampling class, and the embedder's identity), so every edge shares them and an edge that
 starts, or a Redis that restarts with its data, rebuilds the same index. Each edge keeps
 a FAISS inner-product index per scope, brought up to date from the stream (only new
-entries are read) before each search.
+entries are read) while each lookup's prompt is embedded.
 
 A hit needs, besides a similarity of at least ``TW_SEMANTIC_THRESHOLD``: the same
 conversation context and sampling class, the same embedder, no disagreement in negation,
@@ -91,7 +91,10 @@ def load_single_threaded(model_dir: str | None) -> Embedder:
 
     torch.set_num_threads(1)
     faiss.omp_set_num_threads(1)
-    return load_embedder(model_dir)
+    embedder = load_embedder(model_dir)
+    how = "traced" if embedder.traced else "eager (the trace failed or disagreed)"
+    log.info("embedder %s loaded from %s: %s", embedder.identity, embedder.model_dir, how)
+    return embedder
 
 
 class EmbedBatcher:
@@ -125,7 +128,11 @@ class EmbedBatcher:
         try:
             embedder = await self.embedder()
             while self._pending:
-                batch, self._pending = self._pending, []
+                # A lookup answered before its turn (an exact hit) dropped its text.
+                batch = [(t, fut) for t, fut in self._pending if not fut.done()]
+                self._pending = []
+                if not batch:
+                    continue
                 try:
                     vectors = await asyncio.to_thread(embedder.embed, [t for t, _ in batch])
                 except Exception as exc:  # an embedder failure fails its lookups, not the edge
@@ -168,11 +175,17 @@ class SemanticCache:
         return self.names.cache(scope, "s", str(generation))
 
     async def lookup(self, scope: str, generation: int, req: GenerateRequest) -> Probe:
-        """The stored answer of the nearest agreeing entry, if any."""
+        """The stored answer of the nearest agreeing entry, if any. The index is brought up
+        to date while the prompt is embedded (the forward pass is most of a lookup)."""
         text = last_user_text(req)
-        vector = await self.embedder.embed(text)
+        embedding = asyncio.create_task(self.embedder.embed(text))
+        try:
+            index = await self._synced(scope, generation)
+        except BaseException:
+            embedding.cancel()
+            raise
+        vector = await embedding
         identity = (await self.embedder.embedder()).identity
-        index = await self._synced(scope, generation)
         if index.index.ntotal == 0:
             return Probe(None, vector)
         sims, ids = index.index.search(vector[None, :], min(CANDIDATES, index.index.ntotal))

@@ -195,18 +195,26 @@ async def submit_choices(
 async def serve_hit(
     st: EdgeState, req: GenerateRequest, entry: bytes, result: CacheResult, *, tools: bool = False
 ) -> EventStream:
-    """Record the owner and write the cached events to ``req``'s stream, then open it:
-    the client reads them as it would a worker's (resumable, any edge)."""
+    """Record the owner and write the cached events to ``req``'s stream and replay log in
+    one round trip, then answer from those events: the stream holds them all, final one
+    included, so it neither subscribes nor reads the log back. A resume (any edge, with
+    ``Last-Event-ID``) reads the log as it would a worker's."""
     names = st.names
     with st.health.guard("cache hit", req.request_id):
-        owner = Owner(req.tenant, tools).encode()
-        await st.redis.set(names.owner(req.request_id), owner, ex=st.settings.owner_ttl_s)
-        records = await publish_hit(
-            st.redis, names, req, entry, result, log_ttl_s=st.settings.owner_ttl_s
+        owner = (names.owner(req.request_id), Owner(req.tenant, tools).encode())
+        hit = await publish_hit(
+            st.redis,
+            names,
+            req,
+            entry,
+            result,
+            log_ttl_s=st.settings.owner_ttl_s,
+            owner=(*owner, st.settings.owner_ttl_s),
         )
         stream = st.event_stream(req.request_id, after_seq=-1)
-        await stream.open()
-    for record in records:  # a Kafka-only caller's completion, as a worker would send it
+        if not stream.complete(hit.events):  # an entry without its end: follow the log
+            await stream.open()
+    for record in hit.records:  # a Kafka-only caller's completion, as a worker would send it
         topic = req.reply.kafka_topic
         assert topic is not None
         st.spawn(st.producer.send(topic, record, key=req.request_id.encode()))

@@ -100,19 +100,23 @@ def figures(labelled: Sequence[Pair], sims: np.ndarray, threshold: float) -> Fig
     )
 
 
-# Added to the lowest threshold without a false hit on the tuning half: a few paraphrases
-# are given up for a margin against the next hard negative.
-TUNING_MARGIN = 0.02
+# The paraphrase hit rate the threshold keeps on the tuning split: the target (50%) and a
+# margin for the held-out split's paraphrases, which embed a little further apart.
+HIT_RATE_FLOOR = 0.55
 
 
 def tune(labelled: Sequence[Pair], sims: np.ndarray) -> float:
-    """The lowest threshold (0.70 to 0.99, by 0.01) without a false hit on ``labelled``,
-    plus ``TUNING_MARGIN``."""
+    """The highest threshold (0.70 to 0.99, by 0.01) at which paraphrases of ``labelled``
+    still hit at least ``HIT_RATE_FLOOR`` of the time: false hits only fall as the
+    threshold rises, so this is the fewest the floor allows. (No threshold gives none at
+    that rate: the false hits left are edits the guard cannot read, at similarities as high
+    as paraphrases'.)"""
+    best = 0.70
     for step in range(70, 100):
         threshold = step / 100
-        if figures(labelled, sims, threshold).false_hits == 0:
-            return round(min(0.99, threshold + TUNING_MARGIN), 2)
-    return 0.99
+        if figures(labelled, sims, threshold).hit_rate >= HIT_RATE_FLOOR:
+            best = threshold
+    return best
 
 
 def evaluate(split: Split, threshold: float, embedder: Embedder | None = None) -> Figures:

@@ -2,12 +2,16 @@
 two of one intent should share an answer) and one-slot edits of its first text that must
 not (negation, antonym, another entity, another number).
 
-Two splits with no intent in common: ``INTENTS`` (40) tune the threshold and were looked
-at while the guard (``guard.py``) was written; ``HELD_OUT_INTENTS`` (20) were written
-after both were fixed and only measure them. ``pairs(split)`` expands a split into
-labelled pairs: every two paraphrases of an intent are positives; every edit against
-every paraphrase of its intent, and the first text of each intent against the next
-intent's, are negatives.
+Two splits with no intent in common. The tuning split is every intent that was looked at
+while the guard (``guard.py``) and its threshold were written: ``INTENTS`` (40), then
+``SEEN_HELD_OUT_INTENTS`` (20) and ``SEEN_LATER_INTENTS`` (40), each once a held-out set
+whose false hits were read and taught the guard something (quantifiers such as "all",
+superlatives, words of one kind, "when" against "where", a count against the thing
+counted), so no longer held out. ``HELD_OUT_INTENTS`` (40) were written after the guard
+and the threshold were fixed, and only measure them. ``pairs(split)`` expands a split into
+labelled pairs: every two paraphrases of an intent are positives; every edit against every
+paraphrase of its intent, and the first text of each intent against the next intent's, are
+negatives.
 """
 
 from __future__ import annotations
@@ -537,7 +541,7 @@ INTENTS: list[tuple[list[str], dict[str, list[str]]]] = [
 ]
 
 
-HELD_OUT_INTENTS: list[tuple[list[str], dict[str, list[str]]]] = [
+SEEN_HELD_OUT_INTENTS: list[tuple[list[str], dict[str, list[str]]]] = [
     (
         [
             "How do I copy a file in Python?",
@@ -799,9 +803,1064 @@ HELD_OUT_INTENTS: list[tuple[list[str], dict[str, list[str]]]] = [
 ]
 
 
+SEEN_LATER_INTENTS: list[tuple[list[str], dict[str, list[str]]]] = [
+    (
+        [
+            "How do I check the installed version of Node.js?",
+            "How can I see which Node.js version is installed?",
+            "What command shows the Node.js version?",
+            "Check the Node.js version: how?",
+            "How to find out what version of Node.js I have?",
+        ],
+        {
+            "entity": ["How do I check the installed version of Python?"],
+            "negation": ["How do I check the Node.js version without running node?"],
+        },
+    ),
+    (
+        [
+            "What is the chemical formula of table salt?",
+            "Which chemical formula does table salt have?",
+            "What is the formula for table salt?",
+            "Table salt's chemical formula?",
+            "Give the chemical formula of common salt.",
+        ],
+        {
+            "entity": ["What is the chemical formula of baking soda?"],
+            "antonym": ["What is the chemical name of table salt?"],
+        },
+    ),
+    (
+        [
+            "How do I rename a column in a pandas DataFrame?",
+            "How can I change a column name in pandas?",
+            "What is the way to rename a DataFrame column in pandas?",
+            "Rename a pandas column: how?",
+            "How to give a pandas DataFrame column a new name?",
+        ],
+        {
+            "antonym": ["How do I drop a column in a pandas DataFrame?"],
+            "number": ["How do I rename every column in a pandas DataFrame?"],
+        },
+    ),
+    (
+        [
+            "How long does it take for light from the Sun to reach Earth?",
+            "How many minutes does sunlight need to get to Earth?",
+            "What is the travel time of light from the Sun to the Earth?",
+            "Sunlight takes how long to reach the Earth?",
+            "How long is light from the Sun in transit before it hits Earth?",
+        ],
+        {
+            "entity": ["How long does it take for light from the Sun to reach Mars?"],
+            "antonym": ["How long does it take for light from the Earth to reach the Sun?"],
+        },
+    ),
+    (
+        [
+            "How do I center a div horizontally with CSS?",
+            "How can I horizontally center a div in CSS?",
+            "What CSS centers a div horizontally?",
+            "Center a div horizontally using CSS: how?",
+            "How to align a div to the horizontal center with CSS?",
+        ],
+        {
+            "antonym": ["How do I center a div vertically with CSS?"],
+            "negation": ["How do I keep a div from being centered with CSS?"],
+        },
+    ),
+    (
+        [
+            "What is the square root of 81?",
+            "What number squared gives 81?",
+            "Calculate the square root of 81.",
+            "Square root of 81?",
+            "What is sqrt(81)?",
+        ],
+        {
+            "number": ["What is the square root of 64?"],
+            "antonym": ["What is the square of 81?"],
+        },
+    ),
+    (
+        [
+            "How do I install a package with npm?",
+            "How can I add a package using npm?",
+            "What is the npm command to install a package?",
+            "Install a package via npm: how?",
+            "How to get a package installed with npm?",
+        ],
+        {
+            "antonym": ["How do I uninstall a package with npm?"],
+            "entity": ["How do I install a package with yarn?"],
+        },
+    ),
+    (
+        [
+            "Who discovered penicillin?",
+            "Which scientist discovered penicillin?",
+            "Penicillin was discovered by whom?",
+            "Who was the discoverer of penicillin?",
+            "Name the person who discovered penicillin.",
+        ],
+        {
+            "entity": ["Who discovered insulin?"],
+            "antonym": ["Who first mass-produced penicillin?"],
+        },
+    ),
+    (
+        [
+            "How do I make a GET request in Python?",
+            "How can I send a GET request with Python?",
+            "What is the way to do an HTTP GET in Python?",
+            "Make a GET request using Python: how?",
+            "How to perform a GET request from Python?",
+        ],
+        {
+            "entity": ["How do I make a POST request in Python?"],
+            "number": ["How do I make 100 GET requests in parallel in Python?"],
+        },
+    ),
+    (
+        [
+            "How many bones are in the adult human body?",
+            "How many bones does an adult human have?",
+            "What is the number of bones in an adult's body?",
+            "An adult human body has how many bones?",
+            "Count of bones in the adult human skeleton?",
+        ],
+        {
+            "entity": ["How many bones are in a baby's body?"],
+            "antonym": ["How many muscles are in the adult human body?"],
+        },
+    ),
+    (
+        [
+            "How do I find the length of a list in Python?",
+            "How can I get the number of items in a Python list?",
+            "What is the way to count the elements of a list in Python?",
+            "Length of a list in Python: how?",
+            "How to get a Python list's size?",
+        ],
+        {
+            "entity": ["How do I find the length of a string in Python?"],
+            "antonym": ["How do I find the sum of a list in Python?"],
+        },
+    ),
+    (
+        [
+            "What is the currency of Japan?",
+            "Which currency does Japan use?",
+            "What money is used in Japan?",
+            "Japan's currency is what?",
+            "Name the official currency of Japan.",
+        ],
+        {
+            "entity": ["What is the currency of Switzerland?"],
+            "antonym": ["What is the language of Japan?"],
+        },
+    ),
+    (
+        [
+            "How do I create a new branch in git?",
+            "How can I make a new git branch?",
+            "What is the git command to create a branch?",
+            "Create a new branch with git: how?",
+            "How to start a new branch in git?",
+        ],
+        {
+            "antonym": ["How do I merge a branch in git?"],
+            "negation": ["How do I create a new branch in git without switching to it?"],
+        },
+    ),
+    (
+        [
+            "How many ounces are in a pound?",
+            "How many ounces make up one pound?",
+            "What is the number of ounces in a pound?",
+            "A pound equals how many ounces?",
+            "Ounces per pound?",
+        ],
+        {
+            "number": ["How many ounces are in 3 pounds?"],
+            "entity": ["How many grams are in a pound?"],
+        },
+    ),
+    (
+        [
+            "How do I convert a list to a set in Python?",
+            "How can I turn a Python list into a set?",
+            "What is the way to make a set from a list in Python?",
+            "Convert a list into a set in Python: how?",
+            "How to change a list to a set using Python?",
+        ],
+        {
+            "antonym": ["How do I convert a set to a list in Python?"],
+            "entity": ["How do I convert a list to a set in Java?"],
+        },
+    ),
+    (
+        [
+            "What is the tallest building in the world?",
+            "Which building is the tallest on Earth?",
+            "What is the world's tallest building?",
+            "Name the tallest building in the world.",
+            "Which is the highest skyscraper in the world?",
+        ],
+        {
+            "number": ["What is the second tallest building in the world?"],
+            "entity": ["What is the tallest building in Europe?"],
+        },
+    ),
+    (
+        [
+            "How do I take a screenshot on Windows?",
+            "How can I capture my screen on Windows?",
+            "What is the shortcut for a screenshot on Windows?",
+            "Take a screenshot in Windows: how?",
+            "How to screenshot the screen on a Windows PC?",
+        ],
+        {
+            "entity": ["How do I take a screenshot on a Mac?"],
+            "number": ["How do I take a screenshot of only one window on Windows?"],
+        },
+    ),
+    (
+        [
+            "What causes the seasons on Earth?",
+            "Why does Earth have seasons?",
+            "What is the reason for the seasons on Earth?",
+            "Earth's seasons are caused by what?",
+            "Why do seasons happen on Earth?",
+        ],
+        {
+            "entity": ["What causes the seasons on Mars?"],
+            "antonym": ["What causes the tides on Earth?"],
+        },
+    ),
+    (
+        [
+            "How do I exit Vim?",
+            "How can I quit Vim?",
+            "What is the command to leave Vim?",
+            "Exit the Vim editor: how?",
+            "How to close Vim?",
+        ],
+        {
+            "negation": ["How do I exit Vim without saving?"],
+            "entity": ["How do I exit Emacs?"],
+        },
+    ),
+    (
+        [
+            "How many players are on a soccer team on the field?",
+            "How many players does a soccer team have on the pitch?",
+            "What is the number of players per soccer team on the field?",
+            "A soccer team fields how many players?",
+            "Number of players on the field for one soccer team?",
+        ],
+        {
+            "entity": ["How many players are on a basketball team on the court?"],
+            "number": ["How many players are on the field in a soccer match with both teams?"],
+        },
+    ),
+    (
+        [
+            "How do I get the current time in Python?",
+            "How can I find the current time with Python?",
+            "What is the way to get the time now in Python?",
+            "Current time in Python: how?",
+            "How to obtain the present time using Python?",
+        ],
+        {
+            "entity": ["How do I get the current time in Go?"],
+            "antonym": ["How do I get the current date in Python?"],
+        },
+    ),
+    (
+        [
+            "What is the largest ocean on Earth?",
+            "Which ocean is the biggest on Earth?",
+            "What is the world's largest ocean?",
+            "Name the largest ocean in the world.",
+            "Which is the biggest ocean on the planet?",
+        ],
+        {
+            "antonym": ["What is the smallest ocean on Earth?"],
+            "entity": ["What is the largest desert on Earth?"],
+        },
+    ),
+    (
+        [
+            "How do I delete a file in Linux?",
+            "How can I remove a file on Linux?",
+            "What command deletes a file in Linux?",
+            "Delete a file from the Linux command line: how?",
+            "How to erase a file on a Linux system?",
+        ],
+        {
+            "entity": ["How do I delete a directory in Linux?"],
+            "number": ["How do I delete all files in a folder in Linux?"],
+        },
+    ),
+    (
+        [
+            "How much water should an adult drink per day?",
+            "How much water does an adult need to drink daily?",
+            "What is the recommended daily water intake for adults?",
+            "Daily water intake for an adult: how much?",
+            "How many liters of water should a grown-up drink each day?",
+        ],
+        {
+            "entity": ["How much water should a dog drink per day?"],
+            "antonym": ["How much coffee should an adult drink per day?"],
+        },
+    ),
+    (
+        [
+            "How do I join a list of strings in Python?",
+            "How can I concatenate a list of strings in Python?",
+            "What is the way to combine a list of strings into one string in Python?",
+            "Join strings from a list in Python: how?",
+            "How to merge a list of strings into a single string with Python?",
+        ],
+        {
+            "antonym": ["How do I split a string into a list in Python?"],
+            "entity": ["How do I join a list of strings in Rust?"],
+        },
+    ),
+    (
+        [
+            "When was the Eiffel Tower built?",
+            "In what year was the Eiffel Tower constructed?",
+            "What year was the Eiffel Tower completed?",
+            "The Eiffel Tower was built when?",
+            "When did construction of the Eiffel Tower finish?",
+        ],
+        {
+            "entity": ["When was the Statue of Liberty built?"],
+            "antonym": ["Where was the Eiffel Tower built?"],
+        },
+    ),
+    (
+        [
+            "How do I check if a string contains a substring in JavaScript?",
+            "How can I tell whether a JavaScript string includes a substring?",
+            "What is the way to test for a substring in a JavaScript string?",
+            "Check for a substring in JavaScript: how?",
+            "How to find out if a string has a substring in JavaScript?",
+        ],
+        {
+            "entity": ["How do I check if a string contains a substring in Bash?"],
+            "negation": [
+                "How do I check that a string does not contain a substring in JavaScript?"
+            ],
+        },
+    ),
+    (
+        [
+            "What is the melting point of iron?",
+            "At what temperature does iron melt?",
+            "What temperature is needed to melt iron?",
+            "Melting point of iron?",
+            "Iron melts at what temperature?",
+        ],
+        {
+            "entity": ["What is the melting point of copper?"],
+            "antonym": ["What is the boiling point of iron?"],
+        },
+    ),
+    (
+        [
+            "How do I restart the nginx service?",
+            "How can I restart nginx?",
+            "What command restarts the nginx service?",
+            "Restart nginx: how?",
+            "How to reboot the nginx service?",
+        ],
+        {
+            "antonym": ["How do I stop the nginx service?"],
+            "entity": ["How do I restart the Apache service?"],
+        },
+    ),
+    (
+        [
+            "How many continents are there?",
+            "How many continents does the world have?",
+            "What is the number of continents on Earth?",
+            "The Earth has how many continents?",
+            "Count of continents in the world?",
+        ],
+        {
+            "antonym": ["How many oceans are there?"],
+            "entity": ["How many countries are there?"],
+        },
+    ),
+    (
+        [
+            "How do I sort an array of numbers in JavaScript?",
+            "How can I sort a numeric array in JavaScript?",
+            "What is the way to sort numbers in a JavaScript array?",
+            "Sort an array of numbers with JavaScript: how?",
+            "How to order a JavaScript array of numbers?",
+        ],
+        {
+            "antonym": ["How do I sort an array of numbers in descending order in JavaScript?"],
+            "entity": ["How do I sort an array of strings in JavaScript?"],
+        },
+    ),
+    (
+        [
+            "What is the distance from London to Paris?",
+            "How far is Paris from London?",
+            "How many kilometers separate London and Paris?",
+            "London to Paris distance?",
+            "How far apart are London and Paris?",
+        ],
+        {
+            "entity": ["What is the distance from London to Berlin?"],
+            "antonym": ["What is the flight time from London to Paris?"],
+        },
+    ),
+    (
+        [
+            "How do I add a user in Linux?",
+            "How can I create a new user on Linux?",
+            "What command adds a user account in Linux?",
+            "Add a new user on a Linux system: how?",
+            "How to make a user account on Linux?",
+        ],
+        {
+            "antonym": ["How do I delete a user in Linux?"],
+            "number": ["How do I add several users at once in Linux?"],
+        },
+    ),
+    (
+        [
+            "Is coffee bad for your heart?",
+            "Does coffee harm the heart?",
+            "Is drinking coffee harmful to the heart?",
+            "Can coffee damage your heart?",
+            "Is coffee unhealthy for the heart?",
+        ],
+        {
+            "antonym": ["Is coffee good for your heart?"],
+            "entity": ["Is coffee bad for your liver?"],
+        },
+    ),
+    (
+        [
+            "How do I find the maximum value in a Python list?",
+            "How can I get the largest number in a list in Python?",
+            "What is the way to find the biggest element of a Python list?",
+            "Max of a list in Python: how?",
+            "How to get the highest value from a list with Python?",
+        ],
+        {
+            "antonym": ["How do I find the minimum value in a Python list?"],
+            "number": ["How do I find the two largest values in a Python list?"],
+        },
+    ),
+    (
+        [
+            "What language is spoken in Brazil?",
+            "Which language do people speak in Brazil?",
+            "What is the official language of Brazil?",
+            "Brazil's language is what?",
+            "What language do Brazilians speak?",
+        ],
+        {
+            "entity": ["What language is spoken in Argentina?"],
+            "number": ["How many languages are spoken in Brazil?"],
+        },
+    ),
+    (
+        [
+            "How do I undo git add before a commit?",
+            "How can I unstage a file I added with git add?",
+            "What is the way to reverse git add before committing?",
+            "Undo a git add: how?",
+            "How to remove a file from the staging area in git?",
+        ],
+        {
+            "number": ["How do I undo git add for all files before a commit?"],
+            "antonym": ["How do I undo git commit before a push?"],
+        },
+    ),
+    (
+        [
+            "How long should I cook rice?",
+            "How many minutes does rice take to cook?",
+            "What is the cooking time for rice?",
+            "Rice needs to cook for how long?",
+            "How long does it take to cook rice?",
+        ],
+        {
+            "entity": ["How long should I cook pasta?"],
+            "antonym": ["How long should I soak rice?"],
+        },
+    ),
+    (
+        [
+            "How do I print without a newline in Python?",
+            "How can I print in Python without a line break?",
+            "What is the way to print on the same line in Python?",
+            "Print without a newline in Python: how?",
+            "How to stop print from adding a newline in Python?",
+        ],
+        {
+            "negation": ["How do I print a newline in Python?"],
+            "entity": ["How do I print without a newline in C?"],
+        },
+    ),
+    (
+        [
+            "What is the population of Canada?",
+            "How many people live in Canada?",
+            "How large is Canada's population?",
+            "Canada's population is how big?",
+            "What is the total population of Canada?",
+        ],
+        {
+            "entity": ["What is the population of Mexico?"],
+            "antonym": ["What is the area of Canada?"],
+        },
+    ),
+]
+
+HELD_OUT_INTENTS: list[tuple[list[str], dict[str, list[str]]]] = [
+    (
+        [
+            "How do I list the files in a directory in Python?",
+            "How can I get all file names in a folder with Python?",
+            "What is the way to list a directory's contents in Python?",
+            "List files in a directory using Python: how?",
+            "How to enumerate the files inside a folder in Python?",
+        ],
+        {
+            "entity": ["How do I list the files in a directory in PowerShell?"],
+            "antonym": ["How do I delete the files in a directory in Python?"],
+        },
+    ),
+    (
+        [
+            "What is the boiling point of water in Fahrenheit?",
+            "At what Fahrenheit temperature does water boil?",
+            "Water boils at how many degrees Fahrenheit?",
+            "Boiling point of water in degrees Fahrenheit?",
+            "In Fahrenheit, at what temperature does water boil?",
+        ],
+        {
+            "entity": ["What is the boiling point of water in Kelvin?"],
+            "antonym": ["What is the freezing point of water in Fahrenheit?"],
+        },
+    ),
+    (
+        [
+            "Who invented the telephone?",
+            "Which inventor created the telephone?",
+            "The telephone was invented by whom?",
+            "Who is credited with inventing the telephone?",
+            "Name the inventor of the telephone.",
+        ],
+        {
+            "entity": ["Who invented the light bulb?"],
+            "antonym": ["When was the telephone invented?"],
+        },
+    ),
+    (
+        [
+            "How do I convert a PDF to a Word document?",
+            "How can I turn a PDF into a Word file?",
+            "What is the way to change a PDF into Word format?",
+            "Convert PDF to Word: how?",
+            "How to make a Word document from a PDF?",
+        ],
+        {
+            "antonym": ["How do I convert a Word document to a PDF?"],
+            "entity": ["How do I convert a PDF to an Excel spreadsheet?"],
+        },
+    ),
+    (
+        [
+            "How many hours of sleep does a teenager need?",
+            "How much sleep should a teenager get each night?",
+            "What is the recommended amount of sleep for teenagers?",
+            "Teenagers need how many hours of sleep?",
+            "How long should a teenager sleep per night?",
+        ],
+        {
+            "entity": ["How many hours of sleep does a toddler need?"],
+            "number": ["How many hours of sleep does a teenager need on weekends?"],
+        },
+    ),
+    (
+        [
+            "How do I remove the last character of a string in Python?",
+            "How can I drop the final character from a Python string?",
+            "What is the way to strip the last character off a string in Python?",
+            "Remove the last character from a string in Python: how?",
+            "How to delete a string's last character using Python?",
+        ],
+        {
+            "antonym": ["How do I remove the first character of a string in Python?"],
+            "number": ["How do I remove the last three characters of a string in Python?"],
+        },
+    ),
+    (
+        [
+            "What is the capital of Australia?",
+            "Which city is Australia's capital?",
+            "Name the capital city of Australia.",
+            "What city serves as the capital of Australia?",
+            "Australia's capital is which city?",
+        ],
+        {
+            "entity": ["What is the capital of Austria?"],
+            "antonym": ["What is the largest city in Australia?"],
+        },
+    ),
+    (
+        [
+            "How do I see the git commit history?",
+            "How can I view past commits in git?",
+            "What command shows the commit log in git?",
+            "Show the git commit history: how?",
+            "How to look at the history of commits with git?",
+        ],
+        {
+            "number": ["How do I see the last 5 commits in git?"],
+            "entity": ["How do I see the git commit history of a single file?"],
+        },
+    ),
+    (
+        [
+            "Why is the sky blue?",
+            "What makes the sky look blue?",
+            "Why does the sky appear blue?",
+            "What is the reason the sky is blue?",
+            "How come the sky is blue?",
+        ],
+        {
+            "antonym": ["Why is the sky red at sunset?"],
+            "entity": ["Why is the ocean blue?"],
+        },
+    ),
+    (
+        [
+            "How do I make an HTTP request in Go?",
+            "How can I send an HTTP request with Go?",
+            "What is the way to do an HTTP call in Go?",
+            "Make an HTTP request using Go: how?",
+            "How to perform an HTTP request from a Go program?",
+        ],
+        {
+            "entity": ["How do I make an HTTP request in Rust?"],
+            "negation": ["How do I make an HTTP request in Go without the standard library?"],
+        },
+    ),
+    (
+        [
+            "How many teaspoons are in a tablespoon?",
+            "How many teaspoons make one tablespoon?",
+            "A tablespoon equals how many teaspoons?",
+            "What is the number of teaspoons in a tablespoon?",
+            "Teaspoons per tablespoon?",
+        ],
+        {
+            "entity": ["How many tablespoons are in a cup?"],
+            "number": ["How many teaspoons are in 4 tablespoons?"],
+        },
+    ),
+    (
+        [
+            "How do I check disk space on Linux?",
+            "How can I see how much disk space is free on Linux?",
+            "What command shows disk usage on Linux?",
+            "Check free disk space in Linux: how?",
+            "How to find available disk space on a Linux machine?",
+        ],
+        {
+            "entity": ["How do I check memory usage on Linux?"],
+            "antonym": ["How do I free up disk space on Linux?"],
+        },
+    ),
+    (
+        [
+            "What is the freezing point of salt water?",
+            "At what temperature does salt water freeze?",
+            "When does seawater freeze, temperature-wise?",
+            "Freezing point of salty water?",
+            "Salt water freezes at what temperature?",
+        ],
+        {
+            "antonym": ["What is the boiling point of salt water?"],
+            "entity": ["What is the freezing point of sugar water?"],
+        },
+    ),
+    (
+        [
+            "How do I reverse a string in JavaScript?",
+            "How can I reverse a JavaScript string?",
+            "What is the way to reverse the characters of a string in JavaScript?",
+            "Reverse a string with JavaScript: how?",
+            "How to flip a string backwards in JavaScript?",
+        ],
+        {
+            "entity": ["How do I reverse an array in JavaScript?"],
+            "antonym": ["How do I capitalize a string in JavaScript?"],
+        },
+    ),
+    (
+        [
+            "Who was the first president of the United States?",
+            "Who served as the first US president?",
+            "Which person was the first president of the USA?",
+            "The first president of the United States was who?",
+            "Name the first president of the United States.",
+        ],
+        {
+            "number": ["Who was the third president of the United States?"],
+            "entity": ["Who was the first president of France?"],
+        },
+    ),
+    (
+        [
+            "How do I set an environment variable in Bash?",
+            "How can I define an environment variable in Bash?",
+            "What is the way to export an environment variable in Bash?",
+            "Set an environment variable in the Bash shell: how?",
+            "How to create an environment variable using Bash?",
+        ],
+        {
+            "antonym": ["How do I unset an environment variable in Bash?"],
+            "entity": ["How do I set an environment variable in PowerShell?"],
+        },
+    ),
+    (
+        [
+            "How long does it take to walk a mile?",
+            "How many minutes does walking one mile take?",
+            "What is the average time to walk a mile?",
+            "Walking a mile takes how long?",
+            "How much time do I need to walk a mile?",
+        ],
+        {
+            "antonym": ["How long does it take to run a mile?"],
+            "number": ["How long does it take to walk 10 miles?"],
+        },
+    ),
+    (
+        [
+            "How do I read a CSV file in pandas?",
+            "How can I load a CSV file with pandas?",
+            "What is the way to import a CSV into pandas?",
+            "Read a CSV using pandas: how?",
+            "How to open a CSV file as a pandas DataFrame?",
+        ],
+        {
+            "antonym": ["How do I write a CSV file in pandas?"],
+            "entity": ["How do I read an Excel file in pandas?"],
+        },
+    ),
+    (
+        [
+            "What is the average lifespan of a cat?",
+            "How long do cats usually live?",
+            "What is a cat's typical life expectancy?",
+            "Cats live for how many years on average?",
+            "How many years does a cat live on average?",
+        ],
+        {
+            "entity": ["What is the average lifespan of a parrot?"],
+            "antonym": ["What is the average weight of a cat?"],
+        },
+    ),
+    (
+        [
+            "How do I kill a process by its port on Linux?",
+            "How can I stop the process using a port in Linux?",
+            "What is the way to kill whatever is listening on a port on Linux?",
+            "Kill the process on a given port in Linux: how?",
+            "How to terminate a process bound to a port on Linux?",
+        ],
+        {
+            "antonym": ["How do I find the process using a port on Linux?"],
+            "entity": ["How do I kill a process by its port on Windows?"],
+        },
+    ),
+    (
+        [
+            "What is the speed of sound in air?",
+            "How fast does sound travel through air?",
+            "At what speed does sound move in air?",
+            "Speed of sound in air?",
+            "How quickly does sound propagate in air?",
+        ],
+        {
+            "entity": ["What is the speed of sound in water?"],
+            "antonym": ["What is the wavelength of sound in air?"],
+        },
+    ),
+    (
+        [
+            "How do I create a dictionary from two lists in Python?",
+            "How can I build a dict out of two lists in Python?",
+            "What is the way to combine two lists into a dictionary in Python?",
+            "Make a dictionary from two lists in Python: how?",
+            "How to turn two Python lists into a dict?",
+        ],
+        {
+            "number": ["How do I create a dictionary from three lists in Python?"],
+            "antonym": ["How do I create two lists from a dictionary in Python?"],
+        },
+    ),
+    (
+        [
+            "When did the Berlin Wall fall?",
+            "In what year did the Berlin Wall come down?",
+            "What year was the Berlin Wall torn down?",
+            "The Berlin Wall fell when?",
+            "When was the fall of the Berlin Wall?",
+        ],
+        {
+            "antonym": ["When was the Berlin Wall built?"],
+            "entity": ["When did the Soviet Union fall?"],
+        },
+    ),
+    (
+        [
+            "How do I clear the cache in Chrome?",
+            "How can I delete the browser cache in Chrome?",
+            "What is the way to empty Chrome's cache?",
+            "Clear the Chrome cache: how?",
+            "How to wipe cached data in Google Chrome?",
+        ],
+        {
+            "entity": ["How do I clear the cache in Firefox?"],
+            "antonym": ["How do I clear the cookies in Chrome?"],
+        },
+    ),
+    (
+        [
+            "How many grams of protein should I eat per day?",
+            "How much protein do I need daily in grams?",
+            "What is the recommended daily protein intake in grams?",
+            "Daily protein requirement in grams?",
+            "How many grams of protein does a person need each day?",
+        ],
+        {
+            "entity": ["How many grams of fiber should I eat per day?"],
+            "antonym": ["How many grams of protein should I eat per meal?"],
+        },
+    ),
+    (
+        [
+            "How do I format a date in JavaScript?",
+            "How can I format a Date object in JavaScript?",
+            "What is the way to display a date in a certain format with JavaScript?",
+            "Format a date using JavaScript: how?",
+            "How to turn a JavaScript date into a formatted string?",
+        ],
+        {
+            "antonym": ["How do I parse a date in JavaScript?"],
+            "entity": ["How do I format a date in PHP?"],
+        },
+    ),
+    (
+        [
+            "What is the deepest point in the ocean?",
+            "Where is the deepest spot in the ocean?",
+            "Which place is the deepest in the world's oceans?",
+            "Name the deepest point of the ocean.",
+            "What is the ocean's deepest location?",
+        ],
+        {
+            "antonym": ["What is the highest point on land?"],
+            "entity": ["What is the deepest point in the Atlantic Ocean?"],
+        },
+    ),
+    (
+        [
+            "How do I resize an image in Python?",
+            "How can I change the size of an image with Python?",
+            "What is the way to scale an image in Python?",
+            "Resize a picture using Python: how?",
+            "How to make an image smaller or larger in Python?",
+        ],
+        {
+            "antonym": ["How do I rotate an image in Python?"],
+            "number": ["How do I resize many images at once in Python?"],
+        },
+    ),
+    (
+        [
+            "How many sides does a hexagon have?",
+            "A hexagon has how many sides?",
+            "What is the number of sides of a hexagon?",
+            "Count the sides of a hexagon.",
+            "How many edges does a hexagon have?",
+        ],
+        {
+            "entity": ["How many sides does an octagon have?"],
+            "antonym": ["How many diagonals does a hexagon have?"],
+        },
+    ),
+    (
+        [
+            "How do I make a table in Markdown?",
+            "How can I create a table using Markdown?",
+            "What is the Markdown syntax for a table?",
+            "Write a table in Markdown: how?",
+            "How to add a table to a Markdown file?",
+        ],
+        {
+            "entity": ["How do I make a table in LaTeX?"],
+            "antonym": ["How do I make a list in Markdown?"],
+        },
+    ),
+    (
+        [
+            "Is it safe to drink tap water in Mexico?",
+            "Can I safely drink the tap water in Mexico?",
+            "Is Mexican tap water safe to drink?",
+            "Is drinking tap water in Mexico safe?",
+            "Should I drink tap water when in Mexico?",
+        ],
+        {
+            "entity": ["Is it safe to drink tap water in Iceland?"],
+            "antonym": ["Is it safe to swim in the water in Mexico?"],
+        },
+    ),
+    (
+        [
+            "How do I compare two strings in Java?",
+            "How can I check if two Java strings are equal?",
+            "What is the way to compare strings in Java?",
+            "Compare two strings using Java: how?",
+            "How to test two strings for equality in Java?",
+        ],
+        {
+            "entity": ["How do I compare two strings in C?"],
+            "negation": ["How do I compare two strings in Java while ignoring case?"],
+        },
+    ),
+    (
+        [
+            "What is the population of Germany?",
+            "How many people live in Germany?",
+            "How large is Germany's population?",
+            "What is Germany's total population?",
+            "Germany has how many inhabitants?",
+        ],
+        {
+            "entity": ["What is the population of Berlin?"],
+            "antonym": ["What is the land area of Germany?"],
+        },
+    ),
+    (
+        [
+            "How do I hide a column in Excel?",
+            "How can I hide an Excel column?",
+            "What is the way to make a column hidden in Excel?",
+            "Hide a column in Excel: how?",
+            "How to conceal a column in an Excel sheet?",
+        ],
+        {
+            "antonym": ["How do I unhide a column in Excel?"],
+            "entity": ["How do I hide a row in Excel?"],
+        },
+    ),
+    (
+        [
+            "How do I wait for a promise to finish in JavaScript?",
+            "How can I wait until a JavaScript promise resolves?",
+            "What is the way to await a promise in JavaScript?",
+            "Wait for a promise in JavaScript: how?",
+            "How to block until a promise completes in JavaScript?",
+        ],
+        {
+            "number": ["How do I wait for several promises to finish in JavaScript?"],
+            "negation": ["How do I run a promise in JavaScript without waiting for it?"],
+        },
+    ),
+    (
+        [
+            "What is the normal body temperature of a human?",
+            "What is a healthy human body temperature?",
+            "What temperature is a normal human body?",
+            "Normal human body temperature?",
+            "How warm is a healthy human body normally?",
+        ],
+        {
+            "entity": ["What is the normal body temperature of a dog?"],
+            "antonym": ["What is the normal heart rate of a human?"],
+        },
+    ),
+    (
+        [
+            "How do I change my password on a Mac?",
+            "How can I update my Mac login password?",
+            "What is the way to reset the user password on macOS?",
+            "Change the password on a Mac: how?",
+            "How to set a new account password on my Mac?",
+        ],
+        {
+            "entity": ["How do I change my password on an iPhone?"],
+            "antonym": ["How do I change my username on a Mac?"],
+        },
+    ),
+    (
+        [
+            "How far is the Sun from the Earth?",
+            "What is the distance between the Earth and the Sun?",
+            "How many kilometers is the Sun from Earth?",
+            "Earth to Sun distance?",
+            "How far away is the Sun from our planet?",
+        ],
+        {
+            "entity": ["How far is Mars from the Earth?"],
+            "antonym": ["How big is the Sun compared to the Earth?"],
+        },
+    ),
+    (
+        [
+            "How do I count the words in a string in Python?",
+            "How can I find the number of words in a Python string?",
+            "What is the way to count words in a string with Python?",
+            "Count words in a string in Python: how?",
+            "How to get the word count of a string using Python?",
+        ],
+        {
+            "antonym": ["How do I count the characters in a string in Python?"],
+            "number": ["How do I count the unique words in a string in Python?"],
+        },
+    ),
+    (
+        [
+            "What is the tallest animal in the world?",
+            "Which animal is the tallest on Earth?",
+            "What is the world's tallest animal?",
+            "Name the tallest animal on the planet.",
+            "Which living animal stands the highest?",
+        ],
+        {
+            "antonym": ["What is the fastest animal in the world?"],
+            "entity": ["What is the tallest bird in the world?"],
+        },
+    ),
+]
+
+
 def pairs(split: Split) -> list[Pair]:
     """The labelled pairs of one split."""
-    chosen = list(enumerate(INTENTS if split == "tuning" else HELD_OUT_INTENTS))
+    chosen = list(
+        enumerate(
+            INTENTS + SEEN_HELD_OUT_INTENTS + SEEN_LATER_INTENTS
+            if split == "tuning"
+            else HELD_OUT_INTENTS
+        )
+    )
     out: list[Pair] = []
     for pos, (_, (paras, edits)) in enumerate(chosen):
         for x in range(len(paras)):

@@ -339,6 +339,23 @@ async def test_event_stream_resumed_after_the_final_event_is_finished() -> None:
     assert await stream.next(0.01) == []
 
 
+async def test_event_stream_completed_from_a_hits_events_needs_no_redis() -> None:
+    from services.edge.relay import EventStream
+    from shared.names import Names
+
+    hub, log = _FakeHub(), _FakeLog()  # the log stays empty: nothing may read it
+    stream = EventStream(hub, log, Names("t"), "r", after_seq=-1)  # type: ignore[arg-type]
+    events = [orjson.loads(_ev(0)), orjson.loads(_ev(1)), orjson.loads(_ev(2, final=True))]
+    assert stream.complete(events)
+    assert [e["seq"] for e in await stream.next(1.0)] == [0, 1, 2]
+    assert stream.finished and stream.final_event == events[-1]
+    assert await stream.next(0.01) == []
+    assert hub.queue is None  # never subscribed
+    short = EventStream(hub, log, Names("t"), "r", after_seq=-1)  # type: ignore[arg-type]
+    assert not short.complete(events[:2])  # without its final event: to be opened
+    assert not short.finished
+
+
 def test_request_ids_carry_shape_and_creation_time() -> None:
     from services.edge.shapes import created_of, is_chat_id, new_request_id
 

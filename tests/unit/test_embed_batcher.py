@@ -54,3 +54,18 @@ async def test_a_failed_batch_fails_only_its_lookups() -> None:
     with pytest.raises(RuntimeError):
         await batcher.embed("bad")
     assert int((await batcher.embed("fine"))[0]) == 4
+
+
+@pytest.mark.timeout(10)
+async def test_a_lookup_cancelled_before_its_batch_is_not_embedded() -> None:
+    fake = SlowEmbedder()
+    batcher = EmbedBatcher(lambda: fake)  # type: ignore[arg-type,return-value]
+    first = asyncio.create_task(batcher.embed("z"))
+    await asyncio.sleep(0.05)  # the first batch is computing
+    dropped = asyncio.create_task(batcher.embed("answered-by-the-exact-cache"))
+    kept = asyncio.create_task(batcher.embed("kept"))
+    await asyncio.sleep(0)
+    dropped.cancel()
+    assert int((await kept)[0]) == 4
+    await first
+    assert fake.calls == [["z"], ["kept"]]
