@@ -15,8 +15,9 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from shared.secrets import secret
 
 if TYPE_CHECKING:
     from shared.settings import CommonSettings
@@ -51,9 +52,7 @@ class KafkaAccess:
 
     @classmethod
     def of(cls, settings: CommonSettings) -> KafkaAccess:
-        password = settings.kafka_password
-        if not password and settings.kafka_password_file:
-            password = Path(settings.kafka_password_file).read_text().strip()
+        password = secret(settings.kafka_password, settings.kafka_password_file)
         return cls(
             settings.kafka_security_protocol,
             settings.kafka_sasl_mechanism,

@@ -12,12 +12,13 @@ password in the URL still works; ``TW_REDIS_USERNAME`` and ``TW_REDIS_PASSWORD``
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+
+from shared.secrets import secret
 
 if TYPE_CHECKING:
     from shared.settings import CommonSettings
@@ -29,16 +30,14 @@ class RedisAccess:
 
     url: str
     username: str = ""
-    password: str = ""
+    password: str = field(default="", repr=False)
     ca_file: str = ""
     cert_file: str = ""
     key_file: str = ""
 
     @classmethod
     def of(cls, settings: CommonSettings) -> RedisAccess:
-        password = settings.redis_password
-        if not password and settings.redis_password_file:
-            password = Path(settings.redis_password_file).read_text().strip()
+        password = secret(settings.redis_password, settings.redis_password_file)
         return cls(
             settings.redis_url,
             settings.redis_username,
