@@ -7,6 +7,7 @@ as SSE when ``stream`` is true, gathered into one JSON body otherwise.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -38,6 +39,8 @@ from services.edge.state import EdgeState
 
 log = logging.getLogger(__name__)
 
+STOP_POLL_S = 0.2  # how soon a stop asked during the start is seen
+
 
 def create_app(settings: EdgeSettings) -> FastAPI:
     """The edge application; its clients live for the app's lifespan."""
@@ -46,7 +49,10 @@ def create_app(settings: EdgeSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = EdgeState.build(settings, metrics)
-        await state.start()
+        if not await _start_unless_stopped(app, state):
+            await state.stop()
+            yield  # uvicorn was asked to stop: it exits without serving
+            return
         app.state.edge = state
         runner = BatchRunner(state)
         await runner.start()
@@ -114,3 +120,24 @@ def _field_path(loc: Any) -> list[str]:
         if p not in _LOCATIONS
         and not (isinstance(p, str) and ("[" in p or "-" in p or p in _UNION_MEMBERS))
     ]
+
+
+async def _start_unless_stopped(app: FastAPI, state: EdgeState) -> bool:
+    """Start the edge's clients; False when the server was asked to stop first. Kafka
+    refusing the producer keeps the start waiting (trying again), and uvicorn acts on a
+    SIGTERM only once the application has started, so the start watches for it."""
+    server = getattr(app.state, "server", None)
+    start = asyncio.ensure_future(state.start())
+    try:
+        while True:
+            done, _ = await asyncio.wait({start}, timeout=STOP_POLL_S)
+            if done:
+                start.result()
+                return True
+            if server is not None and server.should_exit:
+                log.info("asked to stop while starting")
+                return False
+    finally:
+        if not start.done():
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
