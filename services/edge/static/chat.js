@@ -95,6 +95,8 @@
           const data = line.slice(6);
           if (data === "[DONE]") return finish;
           const chunk = JSON.parse(data);
+          // A cancelled stream ends with an error of its own (Stop): not a failure.
+          if (chunk.error && chunk.error.code === "request_cancelled") { finish = "cancelled"; continue; }
           if (chunk.error) throw new Error(chunk.error.message);
           const choice = chunk.choices && chunk.choices[0];
           if (!choice) continue;
@@ -119,7 +121,7 @@
     if (!current || !current.id) return;
     $("stop").disabled = true;
     setStatus("stopping");
-    // The stream stays open: it ends with the worker's final "cancelled" event.
+    // The stream stays open: it ends with the error request_cancelled.
     await fetch("/v1/requests/" + encodeURIComponent(current.id) + "/cancel", { method: "POST", headers: headers() });
   });
 })();
