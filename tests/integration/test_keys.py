@@ -144,7 +144,7 @@ async def test_a_keys_policy_is_enforced(secure: Secure) -> None:
         await client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
     assert "interactive" in str(denied.value)
     done = await client.completions.create(
-        model=MODEL, prompt="Hi", max_tokens=2, extra_body={"priority": "bulk"}
+        model=MODEL, prompt="Hi", max_tokens=2, extra_body={"priority": "bulk", "ignore_eos": True}
     )
     assert done.choices[0].finish_reason == "length"
     await client.close()
