@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from shared.secrets import secret
+from shared.credentials import client_tls, secret
 
 if TYPE_CHECKING:
     from shared.settings import CommonSettings
@@ -72,10 +72,7 @@ class KafkaAccess:
         verified, a client certificate presented when one is set."""
         if not self.tls:
             return None
-        ctx = ssl.create_default_context(cafile=self.ca_file or None)
-        if self.cert_file:
-            ctx.load_cert_chain(self.cert_file, self.key_file or None)
-        return ctx
+        return client_tls(self.ca_file, self.cert_file, self.key_file)
 
     def options(self) -> dict[str, Any]:
         """Keyword arguments for any aiokafka client (producer, consumer, admin)."""

@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 
-from shared.secrets import secret
+from shared.credentials import client_tls, secret
 
 if TYPE_CHECKING:
     from shared.settings import CommonSettings
@@ -79,10 +79,7 @@ class RedisAccess:
         """The TLS context of a raw connection (None without ``rediss://``)."""
         if not self.tls:
             return None
-        ctx = ssl.create_default_context(cafile=self.ca_file or None)
-        if self.cert_file:
-            ctx.load_cert_chain(self.cert_file, self.key_file or None)
-        return ctx
+        return client_tls(self.ca_file, self.cert_file, self.key_file)
 
     def client(self, **options: Any) -> aioredis.Redis:
         """A redis-py client (``options``: timeouts, retry, …)."""

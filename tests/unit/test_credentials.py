@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shared.credentials import secret
 from shared.kafka_access import KafkaAccess
 from shared.redis_client import RedisAccess
-from shared.secrets import secret
 
 
 def test_a_secret_is_inline_or_read_from_its_file(tmp_path: Path) -> None:
