@@ -8,7 +8,10 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
+import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from services.bench import cluster
@@ -83,3 +86,17 @@ async def read_topic(
 
 
 __all__ = ["ROOT", "Stack", "StreamRecorder", "free_port", "make_stack", "produce", "read_topic"]
+
+
+async def dashboard_status(edge_url: str) -> dict[str, Any] | None:
+    """The first status snapshot the edge's dashboard stream sends (None if it ends first)."""
+    async with (
+        httpx.AsyncClient(timeout=30) as http,
+        http.stream("GET", edge_url + "/dashboard/events") as r,
+    ):
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and "status" in (event := orjson.loads(line[6:])):
+                status: dict[str, Any] = event["status"]
+                return status
+    return None

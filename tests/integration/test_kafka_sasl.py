@@ -16,9 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import openai
-import orjson
 import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
@@ -30,7 +28,7 @@ from shared.settings import CommonSettings
 from tests.conftest import new_prefix
 from tests.integration.certs import make_certs
 from tests.integration.conftest import ARTIFACTS
-from tests.integration.harness import Stack, make_stack
+from tests.integration.harness import Stack, dashboard_status, make_stack
 from tests.integration.servers import Server, private_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -230,16 +228,7 @@ async def test_each_user_reads_only_its_own_topics(secured: Secured, user: str, 
 async def test_the_dashboard_reads_the_lags_as_the_edge_user(stack: Stack) -> None:
     """The edge's dashboard reads topics, end offsets and group offsets (the lags) within
     the tw-edge user's ACLs."""
-    async with (
-        httpx.AsyncClient(timeout=30) as http,
-        http.stream("GET", stack.url("edge") + "/dashboard/events") as r,
-    ):
-        assert r.status_code == 200
-        status = None
-        async for line in r.aiter_lines():
-            if line.startswith("data: ") and "status" in (event := orjson.loads(line[6:])):
-                status = event["status"]
-                break
+    status = await dashboard_status(stack.url("edge"))
     assert status is not None and status["problems"] == []
     assert set(status["consumer_lag"]) == {stack.names.batcher_group, stack.names.worker_group}
     assert status["dlq"]["topic"] == stack.names.requests_dlq

@@ -14,9 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import openai
-import orjson
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionError
@@ -26,7 +24,7 @@ from shared.redis_client import RedisAccess
 from tests.conftest import ROOT, new_prefix
 from tests.integration.certs import make_certs
 from tests.integration.conftest import ARTIFACTS
-from tests.integration.harness import Stack
+from tests.integration.harness import Stack, dashboard_status
 from tests.integration.servers import Server, private_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -153,16 +151,7 @@ async def test_pipeline_streams_with_acl_users_over_tls(locked: Locked, stack: S
 async def test_the_dashboard_reads_all_it_shows_as_the_edge_user(stack: Stack) -> None:
     """The edge's heartbeat, and the dashboard's reads (INFO, the last-seen records), are
     within the tw-edge user's ACL."""
-    async with (
-        httpx.AsyncClient(timeout=30) as http,
-        http.stream("GET", stack.url("edge") + "/dashboard/events") as r,
-    ):
-        assert r.status_code == 200
-        status = None
-        async for line in r.aiter_lines():
-            if line.startswith("data: ") and "status" in (event := orjson.loads(line[6:])):
-                status = event["status"]
-                break
+    status = await dashboard_status(stack.url("edge"))
     assert status is not None and status["problems"] == []
     assert status["redis"]["used_memory"] > 0
     assert [e["state"] for e in status["edges"]] == ["live"]
