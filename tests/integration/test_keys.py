@@ -95,7 +95,9 @@ async def test_openai_client_needs_a_key(secure: Secure) -> None:
         await wrong.models.list()
     key, _ = await secure.store.create("acme")
     client = openai.AsyncOpenAI(base_url=secure.url("a") + "/v1", api_key=key, max_retries=0)
-    done = await client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    done = await client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=2, extra_body={"ignore_eos": True}
+    )
     assert done.usage is not None and done.usage.completion_tokens == 2
     assert await secure.redis.get(secure.stack.names.owner(done.id)) == b"acme"
     for c in (wrong, client):
