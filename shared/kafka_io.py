@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -19,6 +19,7 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
     UnknownProducerId,
 )
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest
 
 from shared.retry import KAFKA_DOWN, backoff
@@ -235,6 +236,53 @@ def make_consumer(
         "max_partition_fetch_bytes": MAX_MESSAGE_BYTES,
     }
     return AIOKafkaConsumer(*topics, **(options | extra))
+
+
+# How far before a record's expected time a search for it starts: the clocks of the
+# service that stamped the time and of the producer that wrote the record may differ.
+CLOCK_SKEW_S = 60.0
+
+
+class TooFarBack(LookupError):
+    """A search for a record would read more records than its limit allows."""
+
+
+async def holds_keyed_record(
+    settings: CommonSettings,
+    topic: str,
+    partitions: Collection[int],
+    key: bytes,
+    since_s: float,
+    *,
+    client_id: str,
+    scan_limit: int = 200_000,
+) -> bool:
+    """Whether ``topic`` (of ``partitions``) holds a record keyed ``key`` written since
+    about ``since_s``: read on the one partition a producer's default (murmur2)
+    partitioner gives that key, from the record time ``since_s`` less ``CLOCK_SKEW_S`` to
+    the end. Raises ``TooFarBack`` when that is more than ``scan_limit`` records, and
+    ``KafkaError`` as any client does."""
+    ordered = sorted(partitions)
+    tp = TopicPartition(topic, DefaultPartitioner()(key, ordered, ordered))
+    consumer = make_consumer(settings, group_id=None, client_id=client_id)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        since_ms = int((since_s - CLOCK_SKEW_S) * 1000)
+        first = (await consumer.offsets_for_times({tp: since_ms}))[tp]
+        end = (await consumer.end_offsets([tp]))[tp]
+        if first is None or first.offset >= end:
+            return False
+        if end - first.offset > scan_limit:
+            raise TooFarBack(f"{end - first.offset} records on {tp} since {since_ms} ms")
+        consumer.seek(tp, first.offset)
+        while await consumer.position(tp) < end:
+            got = await consumer.getmany(tp, timeout_ms=1000)
+            if any(rec.key == key for rec in got.get(tp, ())):
+                return True
+        return False
+    finally:
+        await consumer.stop()
 
 
 def make_admin(settings: CommonSettings, *, client_id: str) -> AIOKafkaAdminClient:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared import token_stream
+from shared.codec import decode
+from shared.messages import TokenEvent
 from shared.names import Names
 from shared.redis_client import RedisAccess
 from shared.resp import RedisReplyError, RespWriter, command
@@ -83,6 +85,9 @@ class Claim:
     ours: bool  # this worker holds the claim (taken now, or before: a duplicate delivery)
     last_seq: int  # the newest event in its replay log, -1 if none
     crashed_attempts: int  # claims on it taken before that did not end cleanly
+    # Its replay log ends with a final event: it ended, and its worker died while settling
+    # it (its completion may have been acknowledged already).
+    finished: bool = False
 
     @property
     def poison(self) -> bool:
@@ -116,7 +121,9 @@ class Claims:
         for res in await self._execute(cmds):
             done, cancelled, ours, last, before = res
             seq = token_stream.seq_of(last[0][0]) if last else -1
-            out.append(Claim(bool(done), bool(cancelled), bool(ours), seq, int(before)))
+            finished = bool(last) and decode(TokenEvent, last[0][1][1]).final
+            claim = Claim(bool(done), bool(cancelled), bool(ours), seq, int(before), finished)
+            out.append(claim)
         return out
 
     async def refresh(self, rids: list[str]) -> list[str]:

@@ -49,6 +49,9 @@ class RequestState:
     final: TokenEvent | None = None  # the final event, once built (published or not)
     unheard_since: float | None = None  # monotonic time since no client got its events
     cancelling: bool = False  # an abort is on its way to the engine
+    # Restored from the replay log of a worker that died settling it: its completion may
+    # be on the reply topic already.
+    resettled: bool = False
 
     @property
     def request_id(self) -> str:
@@ -106,6 +109,16 @@ class RequestState:
         self.pending_ids = []
         self.next_seq += 1
         return ev if ev.seq > self.skip_upto else None
+
+    def restore(self, events: list[TokenEvent]) -> None:
+        """Take the stream from its replay log (which ends with its final event): the
+        request ended on a worker that died while settling it."""
+        self.text = [ev.text for ev in events]
+        self.token_ids = [t for ev in events for t in ev.token_ids]
+        self.final = events[-1]
+        self.skip_upto = self.final.seq
+        self.next_seq = self.final.seq + 1
+        self.resettled = True
 
     def completion(self, final: TokenEvent, worker_id: str) -> Completion:
         return Completion(

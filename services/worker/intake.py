@@ -22,6 +22,7 @@ from services.worker.events import RequestState
 from services.worker.output import Output
 from services.worker.requests import Phase
 from services.worker.settle import REPLY_TOPIC_NOT_FOUND
+from shared import token_stream
 from shared.codec import DecodeError, decode
 from shared.consumer_flow import Backpressure
 from shared.dead_letters import dead_letter_of_record
@@ -100,7 +101,7 @@ class Intake:
         ctx = self.ctx
         st = ctx.table.get(req.request_id)
         if st is not None and st.phase is Phase.CLAIMING:
-            if claim.ours and not (claim.done or claim.cancelled or claim.poison):
+            if claim.ours and not (claim.done or claim.cancelled or claim.poison or claim.finished):
                 st.skip_upto = claim.last_seq
                 self._started(req)
                 await self.output.release_held(st)
@@ -127,7 +128,9 @@ class Intake:
     async def _start_claimed(self, st: RequestState, claim: Claim) -> None:
         """A request this worker holds now: end it at once, or start it."""
         nxt = claim.last_seq + 1  # an ending event never reuses a seq its log has
-        if claim.poison:
+        if claim.finished and (events := await self._ended_stream(st)):
+            self.output.resettle(st, events)  # ended before: settled from its log, never rerun
+        elif claim.poison:
             why = f"the request was running during {POISON_ATTEMPTS} worker crashes"
             await self.output.fail(st, "poison", why, nxt)
         elif claim.cancelled:
@@ -135,6 +138,14 @@ class Intake:
             await self.output.end(st, ev)
         else:
             await self._start(st, claim.last_seq)
+
+    async def _ended_stream(self, st: RequestState) -> list[TokenEvent]:
+        """A request's replay log if it still ends with its final event, else nothing."""
+        ctx = self.ctx
+        events = await ctx.redis_dep.call(
+            lambda: token_stream.read_log(ctx.redis, ctx.names, st.request_id), REDIS_DOWN
+        )
+        return events if events and events[-1].final else []
 
     def _start_early(
         self, tp: TopicPartition, offset: int, req: GenerateRequest

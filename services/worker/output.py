@@ -88,6 +88,15 @@ class Output:
         if held:
             await self.emit(*self.events(held))
 
+    def resettle(self, st: RequestState, events: list[TokenEvent]) -> None:
+        """Settle a request whose worker died after publishing its final event, from its
+        replay log's ``events``; its completion is sent only if the reply topic does not
+        hold it yet."""
+        st.restore(events)
+        self.ctx.table.move(st, Phase.SETTLING)
+        log.info("settling the ended request of a lost worker", extra={"request_id": st.request_id})
+        self.ctx.finals.put_nowait([st])
+
     async def fail(self, st: RequestState, code: str, message: str, seq: int) -> None:
         """End a request with an error of its own: an error event at ``seq``, its next one
         (never a seq a redelivered stream already has), then its dead letter."""

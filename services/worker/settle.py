@@ -16,7 +16,7 @@ from services.worker.events import RequestState
 from shared.cache.store import storable, store_answer
 from shared.codec import encode
 from shared.dead_letters import dead_letter
-from shared.kafka_io import ridden_out
+from shared.kafka_io import TooFarBack, holds_keyed_record, ridden_out
 from shared.messages import DeadLetter, TokenEvent
 from shared.retry import REDIS_DOWN
 
@@ -45,7 +45,9 @@ class Settler:
 
     async def settle(self, ended: list[RequestState]) -> None:
         ctx = self.ctx
-        await self._send_completions([st for st in ended if _owes_completion(st)])
+        owed = [st for st in ended if _owes_completion(st)]
+        landed = await self._landed([st for st in owed if st.resettled])
+        await self._send_completions([st for st in owed if st.request_id not in landed])
         await self._store_answers([st for st in ended if storable(st.request, st.final)])
         for st in ended:
             if st.final is not None and st.final.error is not None:
@@ -85,6 +87,44 @@ class Settler:
             else:
                 ctx.kafka_dep.answered()
             pending = retry
+
+    async def _landed(self, resettled: list[RequestState]) -> set[str]:
+        """Which of these requests, restored from the log of a worker that died settling
+        them, have their completion on the reply topic already (acknowledged before that
+        worker died)."""
+        return {st.request_id for st in resettled if await self._on_reply_topic(st)}
+
+    async def _on_reply_topic(self, st: RequestState) -> bool:
+        """Whether a request's completion is on its reply topic, waiting out a Kafka
+        outage. Where the topic cannot be searched (too many records since the request was
+        made, reading refused) the answer is no: a completion sent twice, never lost."""
+        ctx, topic = self.ctx, st.request.reply.kafka_topic
+        assert topic is not None
+        while True:
+            try:
+                return await holds_keyed_record(
+                    ctx.settings,
+                    topic,
+                    await ctx.producer.partitions_for(topic),
+                    st.request_id.encode(),
+                    st.request.created_at,
+                    client_id=f"{ctx.settings.worker_id}-settle",
+                )
+            except TooFarBack as exc:
+                why = str(exc)
+            except KafkaError as exc:
+                if ridden_out(exc):
+                    await asyncio.sleep(ctx.kafka_failed(exc))
+                    continue
+                why = repr(exc)
+            ctx.metrics.handled_errors.labels("completion_search").inc()
+            log.warning(
+                "%s not searched for the completion (%s): sent again",
+                topic,
+                why,
+                extra={"request_id": st.request_id},
+            )
+            return False
 
     async def _store_answers(self, ended: list[RequestState]) -> None:
         """Copy finished answers into the response cache, as their edges asked. A cache

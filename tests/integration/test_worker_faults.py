@@ -138,8 +138,8 @@ async def test_an_error_event_takes_the_next_seq_of_a_redelivered_stream(bare: S
 
 async def test_a_final_event_out_before_a_crash_still_gets_its_completion(bare: Stack) -> None:
     """A worker that died after a request's final event but before its Kafka completion
-    was acknowledged left no done marker: the request's next worker regenerates it silently
-    (every event is in the replay log) and sends the completion."""
+    was acknowledged left no done marker: the request's next worker settles it from its
+    replay log (never generating it again) and sends the completion the log holds."""
     st = bare
     st.start("worker")
     await st.wait_ready()
@@ -161,6 +161,41 @@ async def test_a_final_event_out_before_a_crash_still_gets_its_completion(bare: 
     [done] = [decode(Completion, v) for v in raw]
     assert done.request_id == req.request_id and done.finish_reason == FinishReason.LENGTH
     assert done.token_ids == [t for e in events for t in e.token_ids]
+
+
+async def test_a_completion_acknowledged_before_a_crash_is_not_sent_again(bare: Stack) -> None:
+    """A worker that died after a request's completion was acknowledged but before its
+    done marker was written: the request's next worker finds the final event in the replay
+    log and the completion on the reply topic, and only writes the done marker."""
+    st = bare
+    st.start("worker")
+    await st.wait_ready()
+    [req] = greedy_requests(1, 6, seed=14, reply_topic=st.names.completions)
+    rid, boot = req.request_id, st.env["TW_KAFKA_BOOTSTRAP"]
+    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    try:
+        await produce(boot, st.names.batches, [encode(Batch(requests=[req]))])
+        first = await read_topic(boot, st.names.completions, lambda vs: bool(vs), 60)
+        events = await wait_final(redis, st, rid)
+        for _ in range(50):  # settled: the done marker follows the acknowledged send
+            if await redis.delete(st.names.done_marker(rid)) == 1:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no done marker")
+        await produce(boot, st.names.batches, [encode(Batch(requests=[req]))])
+        for _ in range(300):
+            if await redis.exists(st.names.done_marker(rid)):
+                break
+            st.check_alive()
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"the redelivered request was not settled\n{st.logs()}")
+        assert await token_stream.read_log(redis, st.names, rid) == events
+    finally:
+        await redis.aclose()
+    raw = await read_topic(boot, st.names.completions, lambda vs: len(vs) > len(first), 3)
+    assert [decode(Completion, v).request_id for v in raw] == [rid], "one completion"
 
 
 async def test_a_poison_is_quarantined_and_the_rest_of_its_batch_is_served(bare: Stack) -> None:
