@@ -211,6 +211,24 @@ class CacheResult(StrEnum):
     SEMANTIC = "semantic"
 
 
+class CacheMode(StrEnum):
+    """A request's ``cache`` field: ``default`` looks up and stores,
+    ``no-cache`` skips the lookup but stores the fresh answer, ``no-store`` looks up but
+    stores nothing."""
+
+    DEFAULT = "default"
+    NO_STORE = "no-store"
+    NO_CACHE = "no-cache"
+
+    @property
+    def looks_up(self) -> bool:
+        return self is not CacheMode.NO_CACHE
+
+    @property
+    def stores(self) -> bool:
+        return self is not CacheMode.NO_STORE
+
+
 class CacheStore(Wire):
     """Set by an edge after a cache miss: the worker stores the finished request's events
     (finished by stop or length) as exact-cache entry ``digest`` of the request tenant's
@@ -284,8 +302,13 @@ class GenerateRequest(Wire):
         None, description="passages to retrieve into the prompt (cleared once applied)"
     )
     grounding: Grounding | None = Field(None, description="the retrieval applied (batcher)")
+    cache: CacheMode | None = Field(
+        None,
+        description="the exact response cache for a request sent straight to Kafka, looked "
+        "up by the batcher (edges look requests up before queueing them and leave it unset)",
+    )
     cache_store: CacheStore | None = Field(
-        None, description="store the answer in the response cache (set by edges)"
+        None, description="store the answer in the response cache (set by edges and batchers)"
     )
 
     @model_validator(mode="after")

@@ -131,6 +131,19 @@ class CommonSettings(EnvSettings):
         "~/.cache/tokenwire/indexes",
     )
 
+    model_name: str = Field("tokenwire-tiny", description="the model id clients ask for")
+    # Edges look requests up before queueing them; batchers look up those that backend
+    # services send straight to Kafka with a ``cache`` field.
+    cache: bool = Field(
+        True,
+        description="exact response cache: a greedy or client-seeded request identical to "
+        "an earlier one (model, prompt, every sampling field) is answered from Redis",
+    )
+    cache_ttl_s: int = Field(3600, ge=1, le=90 * 86400, description="lifetime of a cached answer")
+    cache_shared: bool = Field(
+        False, description="all tenants share one cache (off: each tenant has its own)"
+    )
+
     @property
     def names(self) -> Names:
         return Names(self.topic_prefix)

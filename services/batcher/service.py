@@ -33,6 +33,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import ConsumerRecord
 
+from services.batcher.cache import Asked, KafkaCache
 from services.batcher.config import BatcherSettings
 from services.batcher.fair_queue import FairQueue, Queued
 from services.batcher.grounding import Grounder
@@ -88,6 +89,8 @@ VIEW_MAX_AGE_S = 0.25
 # How long a tick waits for requests when none is queued. An arrival ends the wait at
 # once; each idle tick refreshes the view, so an idle batcher reads Redis 5 times a second.
 IDLE_POLL_S = 0.2
+# A cache hit's completion not acknowledged within this is left to a worker to settle.
+HIT_SEND_TIMEOUT_S = 5.0
 
 
 @dataclass(slots=True)
@@ -98,6 +101,7 @@ class Pending:
     offset: int
     request: GenerateRequest
     size: int  # bytes of the encoded request, as a batch will carry it
+    client_seeded: bool = False  # its producer chose its seed (not derived from its id)
 
     def rejected(self, reason: str, detail: str) -> Rejected:
         rid = self.request.request_id
@@ -154,6 +158,7 @@ class BatcherService:
         )
         self.rejects = Rejects(self.producer, self.kafka, self.redis, self.names, self.metrics)
         self.grounder = Grounder(settings, tokenizer)
+        self.cache = KafkaCache(settings, settings.model_dir, self.metrics.registry)
         self._request_room = request_room(settings.batcher_id)
         self.queue: FairQueue[Pending] = FairQueue(
             quantum=settings.fair_quantum_tokens, classes=len(Priority)
@@ -253,7 +258,8 @@ class BatcherService:
 
     # --- one tick ---------------------------------------------------------------------
     async def _tick(self) -> None:
-        now = self._ingest(await self._fetch())
+        now, consumed = self._ingest(await self._fetch())
+        await self._admit(consumed, now)
         self.rejects.add(self._expire(now))
         await self._flush_rejects()
         fresh = self._view_ok and now - self._workers_at < VIEW_MAX_AGE_S
@@ -285,9 +291,11 @@ class BatcherService:
             await asyncio.sleep(IDLE_POLL_S)
             return {}
 
-    def _ingest(self, records: dict[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> float:
-        """Queue what is valid and reject the rest; returns the time of arrival."""
-        now = time.time()
+    def _ingest(
+        self, records: dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
+    ) -> tuple[float, list[Pending]]:
+        """What is valid, with the time of arrival; the rest is rejected."""
+        now, valid = time.time(), []
         for tp, msgs in records.items():
             for msg in msgs:
                 self._consumed[tp] = msg.offset + 1
@@ -296,8 +304,46 @@ class BatcherService:
                 if isinstance(item, Rejected):
                     self.rejects.add([item])
                 else:
-                    self._enqueue(item, now)
-        return now
+                    valid.append(item)
+        return now, valid
+
+    async def _admit(self, items: list[Pending], now: float) -> None:
+        """Queue consumed requests, once those that asked for the cache were looked up
+        together: a hit is answered now, a miss asks its worker to store the answer."""
+        cache = self.cache
+        asked = {id(p): a for p in items if (a := cache.asking(p.request, p.client_seeded))}
+        if asked:
+            try:
+                await self.redis.call(lambda c: cache.look_up(c, list(asked.values())))
+            except RedisAway:
+                cache.lookups.labels("exact", "error").inc(len(asked))
+                asked = {}  # queued as they came: the worker path needs Redis in any case
+        hits = [p for p in items if id(p) in asked and asked[id(p)].entry is not None]
+        answered = await asyncio.gather(*(self._answer(asked[id(p)]) for p in hits))
+        served = {id(p) for p, ok in zip(hits, answered, strict=True) if ok}
+        for p in items:
+            if id(p) in served:
+                self._unacked[p.tp].discard(p.offset)
+                continue
+            if (a := asked.get(id(p))) is not None and (req := cache.to_store(a)) is not p.request:
+                p.request, p.size = req, len(encode(req))
+            self._enqueue(p, now)
+
+    async def _answer(self, asked: Asked) -> bool:
+        """Answer a cache hit; False leaves it to a worker (Redis or Kafka away)."""
+        if not self.kafka.open():
+            return False
+
+        async def send(topic: str, value: bytes, key: bytes) -> None:
+            ack = await self.producer.send(topic, value, key=key)
+            if not (await asyncio.wait({ack}, timeout=HIT_SEND_TIMEOUT_S))[0]:
+                raise KafkaTimeoutError("a cache hit's completion unacknowledged")
+            ack.result()
+
+        try:
+            return await self.redis.call(lambda c: self.cache.answer(c, asked, send))
+        except RedisAway:
+            return False
 
     def _fetch_size(self) -> int:
         room = self.settings.max_queued_requests - len(self.queue)
@@ -308,9 +354,10 @@ class BatcherService:
     ) -> Pending | Rejected:
         """The request with its seed fixed at ingestion, or why it is rejected."""
         try:
-            req = decode(GenerateRequest, msg.value or b"").with_seed()
+            sent = decode(GenerateRequest, msg.value or b"")
         except DecodeError as exc:
             return Rejected.of(msg, exc.reason, exc.detail, _salvage_request_id(msg.value))
+        req = sent.with_seed()
         rid = req.request_id
         refused = self.sources.refusal(tp.topic, req.tenant, req.priority)
         if refused is not None:
@@ -321,7 +368,7 @@ class BatcherService:
         if size > self._request_room:
             detail = f"{size} bytes encoded; a batch holds at most {self._request_room}"
             return Rejected.of(msg, "too_large", detail, rid)
-        return Pending(tp, msg.offset, req, size)
+        return Pending(tp, msg.offset, req, size, client_seeded=sent.sampling.seed is not None)
 
     def _enqueue(self, p: Pending, now: float) -> None:
         # The fair queue's cost is a character-based token estimate: tokenizing happens

@@ -30,7 +30,6 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -42,16 +41,14 @@ from services.edge.metrics import EdgeMetrics
 from shared import token_stream
 from shared.cache.keys import (
     SHARED_SCOPE,
-    CacheMode,
     exact_digest,
     model_identity,
     reproducible,
 )
-from shared.cache.store import replay_events
+from shared.cache.store import extra_inputs, hit_completion, read_exact, replay_events
 from shared.codec import encode
-from shared.messages import CacheResult, CacheStore, Completion, GenerateRequest
+from shared.messages import CacheMode, CacheResult, CacheStore, GenerateRequest
 from shared.names import Names
-from shared.retrieval.store import RetrievalError, index_version
 from shared.retry import REDIS_DOWN
 
 if TYPE_CHECKING:
@@ -84,15 +81,6 @@ class CacheMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
             registry=registry,
         )
-
-
-# KEYS[1]: the scope's generation counter; ARGV: the exact entries' key prefix, a digest.
-# The entry key is built from the generation read in the same call (a purge in between
-# cannot pair an old generation with a new entry).
-_READ_ENTRY = """
-local gen = redis.call('GET', KEYS[1]) or '0'
-return {gen, redis.call('GET', ARGV[1] .. ':' .. gen .. ':' .. ARGV[2])}
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,20 +123,13 @@ class ResponseCache:
         raw = await self.redis.get(self.names.cache(scope, "gen"))
         return int(raw) if raw else 0
 
-    async def _read(self, scope: str, digest: str) -> tuple[int, bytes | None]:
-        """The scope's generation and the exact entry ``digest`` of it, in one round trip."""
-        gen_key = self.names.cache(scope, "gen")
-        entry_prefix = self.names.cache_exact(scope, 0, digest).rsplit(":", 2)[0]
-        raw_gen, entry = await self.redis.eval(_READ_ENTRY, 1, gen_key, entry_prefix, digest)
-        return int(raw_gen), entry
-
     async def lookup(self, req: GenerateRequest, mode: CacheMode, *, client_seeded: bool) -> Lookup:
         """Look ``req`` up; on a miss, the request to publish (asking its worker to store
         the answer unless ``no-store``). Redis trouble is a miss, never an error."""
         if not self.settings.cache or not reproducible(req, client_seeded):
             self.metrics.lookups.labels("exact", "skip").inc()
             return Lookup(CacheResult.MISS, req)
-        extra = _extra_inputs(req, self.settings.index_root)
+        extra = extra_inputs(req, self.settings.index_root)
         if extra is None:  # names an input whose version is unknown here
             self.metrics.lookups.labels("exact", "skip").inc()
             return Lookup(CacheResult.MISS, req)
@@ -169,7 +150,7 @@ class ResponseCache:
         scope = self.scope(req.tenant)
         # Token-id prompts have no text to embed: exact lookups only.
         semantic = self.semantic if req.prompt_token_ids is None else None
-        gen, entry = await self._read(scope, digest)
+        gen, entry = await read_exact(self.redis, self.names, scope, digest)
         if mode.looks_up:
             self.metrics.lookups.labels("exact", "hit" if entry else "miss").inc()
             if entry:
@@ -223,17 +204,6 @@ class ResponseCache:
             await asyncio.gather(*self._remembering, return_exceptions=True)
 
 
-def _extra_inputs(req: GenerateRequest, index_root: Path) -> dict[str, str] | None:
-    """Inputs a request names but does not hold, with their versions: the current version
-    of the retrieval index it names. None when that cannot be told (never cached)."""
-    if req.retrieval is None:
-        return {}
-    try:
-        return {"retrieval": index_version(index_root, req.retrieval.index)}
-    except RetrievalError:
-        return None
-
-
 @dataclass(frozen=True, slots=True)
 class Hit:
     """A hit written to its request's stream: the events as the replay log holds them, and
@@ -269,18 +239,7 @@ async def publish_hit(
     logged = [orjson.loads(data) for _, data in encoded]
     if not req.reply.kafka_topic:
         return Hit(logged, [])
-    final = events[-1]
-    completion = Completion(
-        request_id=req.request_id,
-        tenant=req.tenant,
-        text="".join(ev.text for ev in events),
-        token_ids=[t for ev in events for t in ev.token_ids],
-        finish_reason=final.finish_reason or "stop",
-        usage=final.usage,
-        created_at=req.created_at,
-        cache=result,
-    )
-    return Hit(logged, [encode(completion)])
+    return Hit(logged, [encode(hit_completion(req, events, result))])
 
 
 async def purge(redis: aioredis.Redis, names: Names, scope: str) -> int:

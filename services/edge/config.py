@@ -19,7 +19,6 @@ class EdgeSettings(CommonSettings):
     port: int = Field(
         8000, ge=0, le=65535, description="the HTTP port: the API, /metrics, /healthz, /readyz"
     )
-    model_name: str = Field("tokenwire-tiny", description="the model id clients ask for")
     model_dir: str = Field(
         "",
         description="local HF model folder: its tokenizer counts prompt tokens, its config "
@@ -94,15 +93,6 @@ class EdgeSettings(CommonSettings):
     )
 
     # --- response caches -----------------------------------------------------------------
-    cache: bool = Field(
-        True,
-        description="exact response cache: a greedy or client-seeded request identical to "
-        "an earlier one (model, prompt, every sampling field) is answered from Redis",
-    )
-    cache_ttl_s: int = Field(3600, ge=1, le=90 * 86400, description="lifetime of a cached answer")
-    cache_shared: bool = Field(
-        False, description="all tenants share one cache (off: each tenant has its own)"
-    )
     semantic_cache: bool = Field(
         False,
         description="semantic response cache: a prompt close in meaning to a cached one (same "

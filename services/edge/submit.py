@@ -36,9 +36,8 @@ from services.edge.relay import EventStream
 from services.edge.retrieval import admit_retrieval
 from services.edge.shapes import Shape, created_of, new_request_id
 from services.edge.state import EdgeState
-from shared.cache.keys import CacheMode
 from shared.codec import encode
-from shared.messages import CacheResult, GenerateRequest
+from shared.messages import CacheMode, CacheResult, GenerateRequest
 from shared.retry import REDIS_DOWN
 
 log = logging.getLogger(__name__)

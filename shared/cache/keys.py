@@ -15,7 +15,6 @@ samples with the seed its id derived is never looked up nor stored.
 from __future__ import annotations
 
 import hashlib
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,17 @@ from shared.messages import FinishReason, GenerateRequest
 
 # Fields that decide nothing about the tokens: identity, timing, delivery, cache control.
 _NOT_OUTPUT = frozenset(
-    {"request_id", "created_at", "tenant", "priority", "stream", "reply", "deadline", "cache_store"}
+    {
+        "request_id",
+        "created_at",
+        "tenant",
+        "priority",
+        "stream",
+        "reply",
+        "deadline",
+        "cache",
+        "cache_store",
+    }
 )
 # Sampling fields that decide nothing about the answer's events. (``logprobs`` decides no
 # token, but the stored events carry them or not: it is part of the key.)
@@ -44,24 +53,6 @@ _FULL_HASH_LIMIT = 256 << 20  # bigger weight files: size, header and both ends
 STORABLE_FINISHES = frozenset({FinishReason.STOP, FinishReason.LENGTH})
 # The cache scope of every tenant when tenants share entries (``TW_CACHE_SHARED``).
 SHARED_SCOPE = "~shared"  # "~" is never in a tenant id
-
-
-class CacheMode(StrEnum):
-    """A request's ``cache`` extension field: ``default`` looks up and stores,
-    ``no-cache`` skips the lookup but stores the fresh answer, ``no-store`` looks up but
-    stores nothing."""
-
-    DEFAULT = "default"
-    NO_STORE = "no-store"
-    NO_CACHE = "no-cache"
-
-    @property
-    def looks_up(self) -> bool:
-        return self is not CacheMode.NO_CACHE
-
-    @property
-    def stores(self) -> bool:
-        return self is not CacheMode.NO_STORE
 
 
 def is_greedy(req: GenerateRequest) -> bool:

@@ -8,6 +8,7 @@ copied from the request's replay log, so it holds exactly the events its client 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -15,8 +16,9 @@ import redis.asyncio as aioredis
 
 from shared import token_stream
 from shared.cache.keys import SHARED_SCOPE, STORABLE_FINISHES
-from shared.messages import GenerateRequest, TokenEvent
+from shared.messages import CacheResult, Completion, FinishReason, GenerateRequest, TokenEvent
 from shared.names import Names
+from shared.retrieval.store import RetrievalError, index_version
 
 
 def storable(req: GenerateRequest, final: TokenEvent | None) -> bool:
@@ -81,3 +83,54 @@ async def read_entry(client: aioredis.Redis, key: str) -> bytes | None:
     if raw is None or isinstance(raw, bytes):
         return raw
     return str(raw).encode()
+
+
+# KEYS[1]: the scope's generation counter; ARGV: the exact entries' key prefix, a digest.
+# The entry key is built from the generation read in the same call (a purge in between
+# cannot pair an old generation with a new entry).
+READ_ENTRY = """
+local gen = redis.call('GET', KEYS[1]) or '0'
+return {gen, redis.call('GET', ARGV[1] .. ':' .. gen .. ':' .. ARGV[2])}
+"""
+
+
+def read_entry_args(names: Names, scope: str, digest: str) -> tuple[str, str, str]:
+    """``READ_ENTRY``'s key and arguments for entry ``digest`` of ``scope``."""
+    entry_prefix = names.cache_exact(scope, 0, digest).rsplit(":", 2)[0]
+    return names.cache(scope, "gen"), entry_prefix, digest
+
+
+async def read_exact(
+    client: aioredis.Redis, names: Names, scope: str, digest: str
+) -> tuple[int, bytes | None]:
+    """The scope's generation and the exact entry ``digest`` of it, in one round trip."""
+    raw_gen, entry = await client.eval(READ_ENTRY, 1, *read_entry_args(names, scope, digest))
+    return int(raw_gen), entry
+
+
+def extra_inputs(req: GenerateRequest, index_root: Path) -> dict[str, str] | None:
+    """Inputs a request names but does not hold, with their versions: the current version
+    of the retrieval index it names. None when that cannot be told (never cached)."""
+    if req.retrieval is None:
+        return {}
+    try:
+        return {"retrieval": index_version(index_root, req.retrieval.index)}
+    except RetrievalError:
+        return None
+
+
+def hit_completion(
+    req: GenerateRequest, events: list[TokenEvent], result: CacheResult
+) -> Completion:
+    """The Kafka completion of a request answered from a cache entry's ``events``."""
+    final = events[-1]
+    return Completion(
+        request_id=req.request_id,
+        tenant=req.tenant,
+        text="".join(ev.text for ev in events),
+        token_ids=[t for ev in events for t in ev.token_ids],
+        finish_reason=final.finish_reason or FinishReason.STOP,
+        usage=final.usage,
+        created_at=req.created_at,
+        cache=result,
+    )

@@ -23,10 +23,17 @@ from websockets.asyncio.client import connect as ws_connect
 
 from services.bench import cluster
 from services.edge.auth import hash_key
-from shared.messages import GenerateRequest
+from shared.codec import decode, encode
+from shared.messages import (
+    CacheMode,
+    Completion,
+    GenerateRequest,
+    ReplyTarget,
+    SamplingParams,
+)
 from tests.conftest import ROOT, new_prefix
 from tests.integration.conftest import ARTIFACTS
-from tests.integration.harness import Stack, read_topic
+from tests.integration.harness import Stack, StreamRecorder, produce, read_topic
 from tests.integration.servers import Server, private_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -244,6 +251,55 @@ async def test_tenants_never_share(stack: Stack, redis: aioredis.Redis) -> None:
     assert (await sse(stack, {**body, "cache": "no-store"}, BETA))[0] == "miss"
     assert (await sse(stack, chat("What keyword defines a function?"), BETA))[0] == "miss"
     assert (await sse(stack, chat("What keyword defines a function?"), ACME))[0] == "semantic"
+
+
+async def test_a_request_sent_straight_to_kafka_is_answered_by_the_batcher(
+    stack: Stack, redis: aioredis.Redis
+) -> None:
+    """A backend service's greedy request with ``cache: default``, sent to the requests
+    topic: the first is generated and stored; the same again under a new id is answered
+    by the batcher from the cache (the same events apart from its id, a completion saying
+    ``exact``) and never reaches a worker; another tenant's identical request misses."""
+    boot = stack.env["TW_KAFKA_BOOTSTRAP"]
+
+    def ask(tenant: str) -> GenerateRequest:
+        return GenerateRequest(
+            prompt="Name three colours of the rainbow.",
+            tenant=tenant,
+            cache=CacheMode.DEFAULT,
+            sampling=SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
+            reply=ReplyTarget(kafka_topic=stack.names.completions),
+        )
+
+    first, again, other = ask("kafka-a"), ask("kafka-a"), ask("kafka-b")
+    async with StreamRecorder(stack.env["TW_REDIS_URL"], stack.names) as rec:
+        await produce(boot, stack.names.requests, [encode(first)])
+        await rec.wait_finished({first.request_id}, 60, stack=stack)
+        await stored(stack, redis, "kafka-a", 1)
+        finished = await worker_finished(stack)
+        await produce(boot, stack.names.requests, [encode(again)])
+        await rec.wait_finished({again.request_id}, 60, stack=stack)
+        assert await worker_finished(stack) == finished, "the hit reached a worker"
+        await produce(boot, stack.names.requests, [encode(other)])
+        await rec.wait_finished({other.request_id}, 60, stack=stack)
+    wanted = {first.request_id, again.request_id, other.request_id}
+    raw = await read_topic(
+        boot,
+        stack.names.completions,
+        lambda vs: wanted <= {decode(Completion, v).request_id for v in vs},
+        30,
+    )
+    done = {c.request_id: c for c in (decode(Completion, v) for v in raw) if c.request_id in wanted}
+    assert [done[r.request_id].cache for r in (first, again, other)] == ["miss", "exact", "miss"]
+    assert len(done[first.request_id].token_ids) == 8
+    assert done[again.request_id].token_ids == done[first.request_id].token_ids
+    assert done[again.request_id].text == done[first.request_id].text
+
+    def events(rid: str) -> list[dict[str, Any]]:
+        return [e.model_dump(exclude={"request_id"}) for e in rec.stream(rid)]
+
+    assert events(again.request_id) == events(first.request_id)
+    assert await redis.exists(stack.names.done_marker(again.request_id))
 
 
 async def test_purge_then_redis_restart_rebuilds_the_semantic_index(

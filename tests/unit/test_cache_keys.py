@@ -10,7 +10,6 @@ import pytest
 
 from shared.cache.guard import disagreement
 from shared.cache.keys import (
-    CacheMode,
     context_digest,
     exact_digest,
     model_identity,
@@ -19,6 +18,7 @@ from shared.cache.keys import (
 )
 from shared.cache.store import entry_of, replay_events, storable
 from shared.messages import (
+    CacheMode,
     CacheStore,
     ChatMessage,
     FinishReason,
@@ -38,7 +38,9 @@ def req(text: str = "hi", **sampling: object) -> GenerateRequest:
 
 def test_key_covers_what_decides_the_output_and_nothing_else() -> None:
     base = req()
-    same = req().model_copy(update={"tenant": "other", "priority": "bulk", "stream": False})
+    same = req().model_copy(
+        update={"tenant": "other", "priority": "bulk", "stream": False, "cache": "no-store"}
+    )
     assert exact_digest(base, "m") == exact_digest(same, "m")  # ids, seeds (greedy), delivery
     assert exact_digest(base, "m") != exact_digest(base, "m2")  # the model
     assert exact_digest(base, "m") != exact_digest(req("hi!"), "m")  # the prompt

@@ -1,0 +1,149 @@
+"""The exact response cache for requests that backend services send straight to Kafka with
+a ``cache`` field (edges look their requests up before queueing them).
+
+The requests a tick consumed are looked up together, in one Redis round trip, as they
+arrive: a hit never waits for the window. A hit is answered here, under the request's own
+id: its events are appended to its replay log and published (its producer may be
+following the channel already), its ``Completion`` (``cache: exact``) is sent to its reply
+topic, and then its done marker is written. A miss goes on to a worker, asking it to store
+the answer (unless ``no-store``).
+
+A request that has a replay log or a done marker already is a redelivery (this batcher
+died before committing it): it goes to a worker as it is, whose claim settles it exactly
+once (a finished log is settled from the log, its completion sent only if the reply topic
+does not hold it yet). A hit whose completion Kafka does not take goes the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiokafka.errors import KafkaError
+from prometheus_client import CollectorRegistry, Counter
+
+from shared import token_stream
+from shared.cache.keys import SHARED_SCOPE, exact_digest, model_identity, reproducible
+from shared.cache.store import (
+    READ_ENTRY,
+    extra_inputs,
+    hit_completion,
+    read_entry_args,
+    replay_events,
+)
+from shared.codec import encode
+from shared.messages import CacheMode, CacheResult, CacheStore, GenerateRequest
+from shared.names import Names
+from shared.settings import CommonSettings
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[str, bytes, bytes], Awaitable[None]]  # topic, value, key; raises KafkaError
+
+
+@dataclass(slots=True)
+class Asked:
+    """A request that asked for the cache: its digest, and what the lookup found."""
+
+    request: GenerateRequest
+    mode: CacheMode
+    digest: str
+    retrieval_version: str | None
+    scope: str
+    generation: int = 0
+    entry: bytes | None = None
+    fresh: bool = True  # no replay log, no done marker: not seen before
+
+
+class KafkaCache:
+    """Looks up, and answers, the cache-asking requests a batcher consumed."""
+
+    def __init__(self, settings: CommonSettings, model_dir: str, registry: CollectorRegistry):
+        self.settings = settings
+        self.names: Names = settings.names
+        # Without the model's folder its identity is its name alone: an entry could outlive
+        # a change of weights under that name, so nothing is looked up.
+        self.model = model_identity(model_dir, settings.model_name) if model_dir else None
+        self.lookups = Counter(
+            "tw_cache_lookups",
+            "response-cache lookups of requests sent straight to Kafka, by kind and result "
+            "(hit, miss, skip: not cacheable, or the cache off; error: Redis away)",
+            ["kind", "result"],
+            registry=registry,
+        )
+
+    def asking(self, req: GenerateRequest, client_seeded: bool) -> Asked | None:
+        """What a consumed request needs looked up, or None (it did not ask, may not be
+        cached, or the cache is off here)."""
+        mode = req.cache
+        if mode is None or req.cache_store is not None:
+            return None
+        extra = extra_inputs(req, self.settings.index_root)
+        if (
+            self.model is None
+            or not self.settings.cache
+            or not reproducible(req, client_seeded)
+            or extra is None
+        ):
+            self.lookups.labels("exact", "skip").inc()
+            return None
+        scope = SHARED_SCOPE if self.settings.cache_shared else req.tenant
+        digest = exact_digest(req, self.model, extra)
+        return Asked(req, mode, digest, extra.get("retrieval"), scope)
+
+    async def look_up(self, client: aioredis.Redis, asked: list[Asked]) -> None:
+        """Fill in each request's entry and whether it is fresh, in one round trip."""
+        pipe = client.pipeline(transaction=False)
+        for a in asked:
+            rid = a.request.request_id
+            pipe.exists(self.names.token_log(rid), self.names.done_marker(rid))
+            pipe.eval(READ_ENTRY, 1, *read_entry_args(self.names, a.scope, a.digest))
+        replies: list[Any] = await pipe.execute()
+        for i, a in enumerate(asked):
+            seen, (raw_gen, entry) = replies[2 * i], replies[2 * i + 1]
+            a.fresh, a.generation = not seen, int(raw_gen)
+            a.entry = entry if a.fresh and a.mode.looks_up else None
+            if a.fresh and a.mode.looks_up:
+                self.lookups.labels("exact", "hit" if entry else "miss").inc()
+
+    def to_store(self, a: Asked) -> GenerateRequest:
+        """The request a worker runs: asked to store its answer unless it may not be."""
+        if not a.fresh or not a.mode.stores:
+            return a.request
+        store = CacheStore(
+            digest=a.digest,
+            generation=a.generation,
+            ttl_s=self.settings.cache_ttl_s,
+            shared=a.scope == SHARED_SCOPE,
+            retrieval_version=a.retrieval_version,
+        )
+        return a.request.model_copy(update={"cache_store": store})
+
+    async def answer(self, client: aioredis.Redis, a: Asked, send: Send) -> bool:
+        """Answer a hit: its stream, its completion, its done marker. False when Kafka did
+        not take the completion (the request then goes to a worker, which settles it from
+        the stream written here); Redis errors propagate (nothing of it was written, or the
+        worker's claim sees the stream)."""
+        assert a.entry is not None
+        req = a.request
+        events = replay_events(a.entry, req.request_id)
+        await token_stream.publish_events(client, self.names, events)
+        topic = req.reply.kafka_topic
+        if topic:
+            record = encode(hit_completion(req, events, CacheResult.EXACT))
+            try:
+                await send(topic, record, req.request_id.encode())
+            except KafkaError as exc:
+                log.warning(
+                    "a cache hit's completion was not sent (%r): a worker settles it",
+                    exc,
+                    extra={"request_id": req.request_id},
+                )
+                return False
+        done = self.names.done_marker(req.request_id)
+        await client.set(done, b"1", ex=token_stream.LOG_TTL_S)
+        log.info("answered from the exact cache", extra={"request_id": req.request_id})
+        return True
