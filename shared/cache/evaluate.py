@@ -243,6 +243,9 @@ def main() -> None:
                 ("held-out", held, held_scores),
             ):
                 print("  " + figures(labelled, sims, SEMANTIC_THRESHOLD, aligns, tau).line(name))
+        import torch
+
+        torch.set_num_threads(1)  # as the edge runs its lookups (services/edge/semantic.py)
         print(alignment_cost(embedder, held))
         return
     tuned = tune(tuning, similarities(embedder, tuning))
