@@ -159,14 +159,29 @@ class Embedder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for start in range(0, len(texts), self.batch_size):
             chunk = list(texts[start : start + self.batch_size])
-            out[start : start + len(chunk)] = self._embed_batch(chunk)
+            out[start : start + len(chunk)] = self._embed_batch(chunk)[0]
         return out
 
     def embed_one(self, text: str) -> np.ndarray:
         """The unit vector of one text (``(dim,)``)."""
         return self.embed([text])[0]
 
-    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+    def embed_words(self, texts: Sequence[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The unit vectors of ``texts`` (as :meth:`embed`) and, from the same forward
+        pass, each text's content-word vectors (``(words, dim)`` float32 unit rows, see
+        :func:`shared.cache.align.content_words`)."""
+        pooled = np.zeros((len(texts), self.dim), dtype=np.float32)
+        words: list[np.ndarray] = []
+        for start in range(0, len(texts), self.batch_size):
+            chunk = list(texts[start : start + self.batch_size])
+            vectors, chunk_words = self._embed_batch(chunk, with_words=True)
+            pooled[start : start + len(chunk)] = vectors
+            words += chunk_words
+        return pooled, words
+
+    def _embed_batch(
+        self, texts: list[str], *, with_words: bool = False
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         torch = self._torch
         with self._lock, torch.inference_mode():
             enc = self._tokenizer(
@@ -175,13 +190,39 @@ class Embedder:
                 truncation=True,
                 max_length=self.max_tokens,
                 return_tensors="pt",
+                return_offsets_mapping=with_words,
             )
+            offsets = enc.pop("offset_mapping", None)
             hidden = self._forward(enc)
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             summed = (hidden * mask).sum(dim=1)
             pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
             unit = torch.nn.functional.normalize(pooled, p=2, dim=1)
-            return np.asarray(unit.float().numpy(), dtype=np.float32)
+            vectors = np.asarray(unit.float().numpy(), dtype=np.float32)
+            if offsets is None:
+                return vectors, []
+            states = hidden.float().numpy()
+            return vectors, [
+                _content_words(texts[i], states[i], enc.word_ids(i), offsets[i].tolist())
+                for i in range(len(texts))
+            ]
+
+
+def _content_words(
+    text: str, states: np.ndarray, word_ids: list[int | None], offsets: list[list[int]]
+) -> np.ndarray:
+    """One text's content-word vectors from its token states and the tokenizer's word ids
+    and character offsets (padding has no word id, so it drops out)."""
+    from shared.cache.align import content_words
+
+    spans: dict[int, tuple[int, int]] = {}
+    for w, (start, end) in zip(word_ids, offsets, strict=True):
+        if w is not None:
+            first = spans.get(w, (start, end))[0]
+            spans[w] = (first, end)
+    count = max(spans, default=-1) + 1
+    words = [text[spans[w][0] : spans[w][1]] if w in spans else "" for w in range(count)]
+    return content_words(states, word_ids, words)
 
 
 _shared: dict[tuple[str, int], Embedder] = {}

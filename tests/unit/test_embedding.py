@@ -59,3 +59,15 @@ def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
         Embedder(tmp_path / "nowhere")
     with pytest.raises(EmbedderError, match="no model files"):
         model_identity(tmp_path, 256)
+
+
+def test_word_vectors_come_with_the_same_sentence_vectors(embedder: Embedder) -> None:
+    texts = ["What is the chemical formula of table salt?", "Hi!", "What is the time?"]
+    pooled, words = embedder.embed_words(texts)
+    assert np.allclose(pooled, embedder.embed(texts), atol=1e-5)
+    # chemical, formula, table, salt; "hi"; "time" (stopwords and "?" dropped)
+    assert [w.shape for w in words] == [(4, 384), (1, 384), (1, 384)]
+    assert np.allclose(np.linalg.norm(words[0], axis=1), 1.0, atol=1e-5)
+    # A word's vector does not depend on the padding its batch needed.
+    alone = embedder.embed_words(texts[1:2])[1][0]
+    assert np.allclose(alone, words[1], atol=1e-4)
