@@ -256,15 +256,18 @@ message.max.bytes=$max_bytes
 EOF
 }
 
+cluster_id() {
+  [ -s "$CLUSTER_ID_FILE" ] && return 0
+  # 16 random bytes as Kafka's Uuid prints them: 22 chars of unpadded base64url; Kafka
+  # itself never hands out ids starting with '-' (they read as a command-line flag).
+  local id
+  while id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | cut -c1-22); [[ $id == -* ]]; do :; done
+  mkdir -p "$(dirname "$CLUSTER_ID_FILE")"
+  echo "$id" >"$CLUSTER_ID_FILE"
+}
+
 format_once() {
   [ -f "$DATA/meta.properties" ] && return 0
-  [ -s "$CLUSTER_ID_FILE" ] || {
-    # 16 random bytes as Kafka's Uuid prints them: 22 chars of unpadded base64url; Kafka
-    # itself never hands out ids starting with '-' (they read as a command-line flag).
-    local id
-    while id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | cut -c1-22); [[ $id == -* ]]; do :; done
-    echo "$id" >"$CLUSTER_ID_FILE"
-  }
   log "formatting $DATA (cluster id $(cat "$CLUSTER_ID_FILE"))"
   # A secured broker starts with its super user, whose login applies the other users and
   # the ACLs (apply_security). The format tool takes the password only as an argument.
@@ -295,7 +298,7 @@ wait_ready() {
 # Start the given nodes (each running one is left as it is), then wait until each answers:
 # a cluster's nodes serve only once a majority of the quorum runs, so all start first.
 start() {
-  local i pid waiting=()
+  local i pid waiting=() starting=() formats=()
   [ "${TW_KAFKA_WIPE:-0}" = 1 ] && stop "$@"   # wiping under a live broker would corrupt it
   [ -f "$LIBS/.complete" ] || { log "no Kafka jars in $LIBS: run infra/bootstrap.sh"; exit 1; }
   check_security_files
@@ -304,6 +307,7 @@ start() {
     # A new cluster id only with every node wiped: the others' data belongs to the old one.
     [ $# != "$BROKERS" ] || rm -f "$CLUSTER_ID_FILE"
   fi
+  cluster_id
   for i in "$@"; do
     select_node "$i"
     if pid=$(running_pid); then
@@ -313,7 +317,13 @@ start() {
     if answers; then log "port $PORT is served by another process"; exit 1; fi
     mkdir -p "$DATA" "$LOGS"
     write_config
-    format_once
+    starting+=("$i")
+  done
+  # The nodes' storage is formatted side by side (a JVM each), then each node starts.
+  for i in "${starting[@]}"; do select_node "$i"; format_once & formats+=($!); done
+  for pid in "${formats[@]}"; do wait "$pid" || exit 1; done
+  for i in "${starting[@]}"; do
+    select_node "$i"
     # setsid: the broker outlives the shell and is not hit by the caller's Ctrl-C; the inner
     # bash writes its own pid and then becomes the JVM, so the pid file names the JVM.
     nohup setsid bash -c 'echo $$ >"$0"; exec "$@"' "$PIDFILE" \

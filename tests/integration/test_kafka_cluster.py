@@ -42,10 +42,11 @@ from tests.conftest import new_prefix
 from tests.integration.conftest import ARTIFACTS
 from tests.integration.harness import Stack, StreamRecorder, make_stack, read_topic
 from tests.integration.servers import Server, private_kafka_cluster
-from tests.integration.test_handoff import FAST_FAILOVER, greedy_requests
+from tests.integration.test_handoff import FAST_FAILOVER, greedy_requests, reference_tokens
 from tests.integration.test_kafka_outage import (
+    MAX_TOKENS,
     PROMPTS,
-    REPLY_MAX_TOKENS,
+    SAMPLE,
     UNLIMITED,
     Load,
     Refused,
@@ -54,15 +55,15 @@ from tests.integration.test_kafka_outage import (
     client_loop,
     one_request,
     served_at_least,
-    undisturbed,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 CLIENTS = 4
 WORKER_SLOTS = 8
-REPLIES = 60  # Kafka-reply requests, one every REPLY_EVERY_S: past the node's return
-REPLY_EVERY_S = 0.6
+REPLIES = 50  # Kafka-reply requests, one every REPLY_EVERY_S: past the node's return
+REPLY_EVERY_S = 0.5
+REPLY_TOKENS = 16
 AWAY_S = 12.0  # the killed node stays down this long: past its 6 s broker session
 
 
@@ -95,6 +96,15 @@ async def describe(st: Stack, topics: list[str], within_s: float = 30) -> dict[s
             await admin.close()
         assert time.monotonic() < deadline, f"topics {topics} not described"
         await asyncio.sleep(0.5)
+
+
+def undisturbed(model_dir: str, replies: list[GenerateRequest]) -> dict[str, list[int]]:
+    """Greedy outputs of the first prompts of PROMPTS (by prompt) and of the first
+    Kafka-reply requests (by id), from the model itself."""
+    sample = greedy_requests(SAMPLE, MAX_TOKENS, seed=21)  # the first prompts of PROMPTS
+    ref = reference_tokens(model_dir, [*sample, *replies[:SAMPLE]], REPLY_TOKENS)
+    out = {str(r.prompt): ref[r.request_id][:MAX_TOKENS] for r in sample}
+    return out | {r.request_id: ref[r.request_id] for r in replies[:SAMPLE]}
 
 
 def leaders(described: dict[str, Any], topic: str) -> set[int]:
@@ -191,7 +201,7 @@ async def test_the_leader_broker_killed_under_load_loses_and_repeats_nothing(
     st.start("worker", **FAST_FAILOVER, TW_MAX_RUNNING=str(WORKER_SLOTS))
     st.start("batcher")
     st.start("edge", **UNLIMITED)
-    replies = greedy_requests(REPLIES, REPLY_MAX_TOKENS, seed=23, reply_topic=n.completions)
+    replies = greedy_requests(REPLIES, REPLY_TOKENS, seed=23, reply_topic=n.completions)
     load, accepted = Load(), list[str]()
     stop = asyncio.Event()
     background: list[asyncio.Task[Any]] = []
