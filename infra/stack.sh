@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Start, stop or inspect a whole tokenwire stack on this machine: Kafka, Redis, the topics,
 # and one worker, batcher and edge. Idempotent. TW_STACK=demo|test picks ports and folders.
-#   infra/stack.sh up | down | status
+#   infra/stack.sh up [--brokers N] | down | status
+#
+# --brokers N: Kafka as N KRaft nodes (infra/kafka.sh with TW_KAFKA_BROKERS=N; 3 or more
+# replicate every topic 3 times with min.insync.replicas=2). The count is kept in
+# $TW_RUN_DIR/kafka-brokers, so `down` and `status` (and infra/kafka.sh) act on the same
+# nodes; `up` without --brokers keeps the stack's count, `--brokers 1` goes back to one.
 #
 # Each service runs under a supervisor (`infra/stack.sh supervise NAME`, started by `up`)
 # that restarts it whenever it exits, until `down`: a service is meant to exit only on
@@ -15,6 +20,12 @@
 # restart, so whatever signals a service by its pid file keeps working), NAME.supervisor.pid
 # its supervisor, NAME.restarts "<restarts> <last exit code>" since the supervisor started.
 set -euo pipefail
+if [ "${1:-}" = up ] && [ "${2:-}" = --brokers ]; then
+  [[ "${3:-}" =~ ^[1-9]$ ]] || { echo "--brokers takes 1 to 9, not '${3:-}'" >&2; exit 2; }
+  export TW_KAFKA_BROKERS=$3
+  set -- up
+fi
+[ "${1:-}" != up ] || [ $# = 1 ] || { echo "usage: $0 up [--brokers N]" >&2; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$TW_ROOT"
 # TW_BIN: another tokenwire executable (an installed one, a wrapper) than the project's venv.
@@ -236,6 +247,7 @@ case "${1:-}" in
     TW_MODEL_DIR="${TW_MODEL_DIR:-$(model_dir)}"
     export TW_MODEL_DIR
     "$TW" keys pepper --file "$TW_KEY_PEPPER_FILE" >/dev/null
+    echo "$TW_KAFKA_BROKERS" >"$TW_RUN_DIR/kafka-brokers"
     infra/kafka.sh start
     infra/redis.sh start
     "$TW" topics create
@@ -283,5 +295,5 @@ case "${1:-}" in
     [ -n "${2:-}" ] || { echo "usage: $0 supervise worker|batcher|edge" >&2; exit 2; }
     supervise "$2"
     ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--brokers N]|down|status" >&2; exit 2 ;;
 esac

@@ -326,11 +326,23 @@ async def unless_stopped(start: Awaitable[None], stopping: asyncio.Event) -> boo
     return False
 
 
+def topic_configs(settings: CommonSettings) -> dict[str, str]:
+    """The configuration of every topic the project creates: its largest message, and how
+    many replicas must hold a record before an acks=all send returns (with the settings'
+    replication factor, the one place topics get their durability from)."""
+    return {
+        "max.message.bytes": str(MAX_MESSAGE_BYTES),
+        "min.insync.replicas": str(settings.kafka_min_insync_replicas),
+    }
+
+
 async def ensure_topics(
     settings: CommonSettings, partitions: Mapping[str, int], *, retries: int = 30
 ) -> list[str]:
     """Create the given topics (name → partition count) if missing; returns those created.
-    Each takes messages up to MAX_MESSAGE_BYTES, whatever the broker's default.
+    Each takes messages up to MAX_MESSAGE_BYTES, whatever the broker's default, and is
+    replicated as ``topic_configs`` says (the settings' replication factor and
+    min.insync.replicas).
 
     Retries while the broker is still starting, so it can run right after the broker's
     port opens."""
@@ -350,8 +362,8 @@ async def ensure_topics(
             NewTopic(
                 name=t,
                 num_partitions=n,
-                replication_factor=1,
-                topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)},
+                replication_factor=settings.kafka_replication_factor,
+                topic_configs=topic_configs(settings),
             )
             for t, n in partitions.items()
             if t not in existing

@@ -64,6 +64,20 @@ class CommonSettings(EnvSettings):
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers (host:port, comma-separated)"
     )
+    kafka_replication_factor: int = Field(
+        1,
+        ge=1,
+        le=32,
+        description="replicas of every topic the project creates (infra/kafka.sh sets its "
+        "internal topics' from the same variable); the cluster profile (TW_KAFKA_BROKERS=3): 3",
+    )
+    kafka_min_insync_replicas: int = Field(
+        1,
+        ge=1,
+        le=32,
+        description="replicas that must hold a record before an acks=all send returns, on "
+        "every topic the project creates and the broker's own; the cluster profile: 2",
+    )
     kafka_security_protocol: SecurityProtocol = Field(
         SecurityProtocol.PLAINTEXT,
         description="how every Kafka client speaks to the brokers: PLAINTEXT, SASL_SSL "
@@ -163,6 +177,12 @@ class CommonSettings(EnvSettings):
             raise ValueError(
                 "TW_KAFKA_SECURITY_PROTOCOL=SASL_SSL needs TW_KAFKA_USERNAME and "
                 "TW_KAFKA_PASSWORD or TW_KAFKA_PASSWORD_FILE"
+            )
+        if self.kafka_min_insync_replicas > self.kafka_replication_factor:
+            raise ValueError(
+                f"TW_KAFKA_MIN_INSYNC_REPLICAS={self.kafka_min_insync_replicas} exceeds "
+                f"TW_KAFKA_REPLICATION_FACTOR={self.kafka_replication_factor}: no acks=all "
+                "send could ever succeed"
             )
         if self.kafka_tls_key_file and not self.kafka_tls_cert_file:
             raise ValueError("TW_KAFKA_TLS_KEY_FILE is set without TW_KAFKA_TLS_CERT_FILE")

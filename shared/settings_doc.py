@@ -69,6 +69,31 @@ SCRIPT_SETTINGS: tuple[Row, ...] = (
         "`9093` (test: `19093`)",
         "the KRaft controller's port",
     ),
+    Row(
+        "TW_KAFKA_BROKERS",
+        "infra scripts",
+        "`1` (`infra/stack.sh up --brokers N` keeps N in `$TW_RUN_DIR/kafka-brokers`)",
+        "Kafka nodes (KRaft broker and controller each, an N-voter quorum); 3 or more: "
+        "replication factor 3 and min.insync.replicas 2 unless those are set",
+    ),
+    Row(
+        "TW_KAFKA_PORTS",
+        "infra scripts",
+        "`TW_KAFKA_PORT`, `+2`, `+4`, ...",
+        "the nodes' client ports, comma-separated (the bootstrap servers list all of them)",
+    ),
+    Row(
+        "TW_KAFKA_CONTROLLER_PORTS",
+        "infra scripts",
+        "`TW_KAFKA_CONTROLLER_PORT`, `+2`, `+4`, ...",
+        "the nodes' controller ports, comma-separated",
+    ),
+    Row(
+        "TW_KAFKA_HEAP",
+        "infra/kafka.sh",
+        "`512m` (a cluster's node: `256m`)",
+        "each broker JVM's largest heap (half of it reserved at start)",
+    ),
     Row("TW_REDIS_PORT", "infra scripts", "`6379` (test: `16379`)", "Redis's port"),
     Row("TW_EDGE_PORT", "infra scripts", "`8000` (test: `18000`)", "the edge's HTTP port"),
     Row(
