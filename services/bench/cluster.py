@@ -96,7 +96,7 @@ class Stack:
         self.procs[name] = proc
         return proc
 
-    async def wait_ready(self, within_s: float = 90.0, workers: int = 1) -> None:
+    async def wait_ready(self, within_s: float = 180.0, workers: int = 1) -> None:
         """Every edge answers /healthz and ``workers`` workers have a heartbeat."""
         deadline = time.monotonic() + within_s
         client = self.settings.redis.client()
