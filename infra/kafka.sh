@@ -12,6 +12,9 @@
 #   made when missing, 0600). Switching an existing broker's security needs a reset. The
 #   broker's certificate is also its client certificate towards the controller: it must
 #   not be restricted to serverAuth (no extendedKeyUsage, or clientAuth among them).
+# TW_KAFKA_MTLS_PORT (with sasl_ssl): a second client port that speaks TLS with client
+#   certificates (ssl.client.auth=required, signed by TW_KAFKA_TLS_CA_FILE): a client's
+#   user is its certificate's CN (CN=tw-worker logs in as tw-worker, under the same ACLs).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 TW_KAFKA_SECURITY="${TW_KAFKA_SECURITY:-plaintext}"
@@ -91,11 +94,20 @@ EOF
   # The broker reaches its controller with its own certificate: that subject is a super user.
   subject=$(openssl x509 -in "$TW_KAFKA_SERVER_CERT_FILE" -noout -subject -nameopt RFC2253 | sed 's/^subject=//')
   admin_pw=$(password tw-admin)
+  # The mTLS port: the principal is the certificate's CN (this listener's rule only; the
+  # controller's keeps the whole subject, the super user above).
+  local mtls="" mtls_ad="" mtls_map=""
+  if [ -n "${TW_KAFKA_MTLS_PORT:-}" ]; then
+    mtls=",MTLS://127.0.0.1:$TW_KAFKA_MTLS_PORT" mtls_ad=",MTLS://127.0.0.1:$TW_KAFKA_MTLS_PORT"
+    mtls_map=",MTLS:SSL"
+  fi
   cat <<EOF
-listeners=SASL_SSL://127.0.0.1:$TW_KAFKA_PORT,CONTROLLER://127.0.0.1:$TW_KAFKA_CONTROLLER_PORT
-advertised.listeners=SASL_SSL://127.0.0.1:$TW_KAFKA_PORT
+listeners=SASL_SSL://127.0.0.1:$TW_KAFKA_PORT,CONTROLLER://127.0.0.1:$TW_KAFKA_CONTROLLER_PORT$mtls
+advertised.listeners=SASL_SSL://127.0.0.1:$TW_KAFKA_PORT$mtls_ad
 inter.broker.listener.name=SASL_SSL
-listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL
+listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL$mtls_map
+listener.name.mtls.ssl.client.auth=required
+listener.name.mtls.ssl.principal.mapping.rules=RULE:^CN=([^,]+)\$/\$1/,RULE:^CN=([^,]+),.*\$/\$1/,DEFAULT
 sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="tw-admin" password="$admin_pw";

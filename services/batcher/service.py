@@ -223,7 +223,7 @@ class BatcherService:
         self.consumer.subscribe(
             self.sources.topics, listener=Rebalance(lambda revoked: self.release(set(revoked)))
         )
-        await start_consumer(self.consumer)
+        await start_consumer(self.consumer, self.settings.kafka)
 
     def stop(self) -> None:
         self._stopping.set()

@@ -3,8 +3,10 @@
 now with openssl: every service logs in as its own user over TLS and an answer streams; a
 wrong password is refused, and a batcher that has one keeps trying without crashing; a
 backend service publishing for a tenant (or a priority) its topic may not carry ends in
-the dead-letter topic with the reason; each user reaches only its own topics. Then no log
-of the run (the services' and the broker's) holds any password."""
+the dead-letter topic with the reason; each user reaches only its own topics. The worker
+logs in on the broker's mTLS port with a client certificate (its user is the certificate's
+CN), and a client without a certificate is refused there while it keeps trying. Then no
+log of the run (the services' and the broker's) holds any password."""
 
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ from shared.messages import GenerateRequest, Priority, SamplingParams
 from shared.producer import Producer
 from shared.settings import CommonSettings
 from tests.conftest import new_prefix
-from tests.integration.certs import make_certs
+from tests.integration.certs import client_cert, make_certs
 from tests.integration.conftest import ARTIFACTS
-from tests.integration.harness import Stack, dashboard_status, make_stack
+from tests.integration.harness import Stack, dashboard_status, free_port, make_stack
 from tests.integration.servers import Server, private_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -49,6 +51,22 @@ class Secured:
     ca: str
     passwords: Path
     prefix: str
+    mtls_bootstrap: str
+    certs: Path
+
+    def cert_env(self, user: str | None) -> dict[str, str]:
+        """TLS with the client certificate of ``user`` (made now; None: no certificate)
+        on the mTLS port, where the certificate's CN is the user."""
+        files = client_cert(self.certs, user) if user else {"cert": "", "key": ""}
+        return {
+            "TW_KAFKA_BOOTSTRAP": self.mtls_bootstrap,
+            "TW_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "TW_KAFKA_TLS_CA_FILE": self.ca,
+            "TW_KAFKA_TLS_CERT_FILE": str(files["cert"]),
+            "TW_KAFKA_TLS_KEY_FILE": str(files["key"]),
+            "TW_KAFKA_USERNAME": "",
+            "TW_KAFKA_PASSWORD_FILE": "",
+        }
 
     def password(self, user: str) -> str:
         return (self.passwords / f"{user}.password").read_text().strip()
@@ -79,17 +97,21 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         TW_KAFKA_TLS_CA_FILE=str(certs["ca"]),
         TW_TOPIC_PREFIX=prefix,
         TW_REQUEST_SOURCES=SOURCES,
+        TW_KAFKA_MTLS_PORT=str(free_port()),
     )
     srv.start()
+    mtls = f"127.0.0.1:{srv.env['TW_KAFKA_MTLS_PORT']}"
+    passwords = root / "run" / "kafka-acl"
     try:
-        yield Secured(srv, srv.url, str(certs["ca"]), root / "run" / "kafka-acl", prefix)
+        yield Secured(srv, srv.url, str(certs["ca"]), passwords, prefix, mtls, root / "certs")
     finally:
         srv.stop()
 
 
 @pytest.fixture(scope="module")
 async def stack(secured: Secured, infra: dict[str, str], model_dir: str) -> AsyncIterator[Stack]:
-    """Worker, batcher and edge on the secured broker, each as its own Kafka user."""
+    """Worker, batcher and edge on the secured broker, each as its own Kafka user: the
+    batcher and the edge log in with SCRAM, the worker with its client certificate."""
     ARTIFACTS.mkdir(exist_ok=True)
     st = make_stack(
         secured.prefix,
@@ -99,7 +121,8 @@ async def stack(secured: Secured, infra: dict[str, str], model_dir: str) -> Asyn
     )
     st.env.update(TW_REQUEST_SOURCES=SOURCES, **secured.login_env("tw-admin"))
     await st.create_topics()  # as the super user
-    for kind in ("worker", "batcher", "edge"):
+    st.start("worker", **secured.cert_env("tw-worker"))
+    for kind in ("batcher", "edge"):
         st.start(kind, **secured.login_env(f"tw-{kind}"))
     try:
         await st.wait_ready(within_s=180)
@@ -136,25 +159,69 @@ async def test_a_wrong_password_is_refused_and_the_service_keeps_trying(
     await producer.stop()
 
     for kind in ("batcher", "edge"):
-        name = f"{kind}-wrong"
-        proc = stack.start(kind, name, TW_KAFKA_USERNAME=f"tw-{kind}", TW_KAFKA_PASSWORD=wrong)
-        log_path = ARTIFACTS / f"{stack.prefix}-{name}.log"
-        deadline = time.monotonic() + 90
-        while "SaslAuthenticationFailed" not in log_path.read_text():
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-            await asyncio.sleep(0.5)
-        refused_at = time.monotonic()
-        while time.monotonic() - refused_at < 8:  # several retries (backoff from 0.5 s)
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            await asyncio.sleep(0.5)
-        log = log_path.read_text()
-        assert "Traceback" not in log and "trying again" in log
-        # SIGTERM ends the waiting start at once (a kill after 20 s would be -9); uvicorn
-        # ends the edge by the signal it caught, as after serving.
-        ended_by = 0 if kind == "batcher" else -signal.SIGTERM
-        assert stack.stop(name) == ended_by, log_path.read_text()[-3000:]
-        assert wrong not in log_path.read_text()
+        env = {"TW_KAFKA_USERNAME": f"tw-{kind}", "TW_KAFKA_PASSWORD": wrong}
+        log = await _refused_and_waiting(stack, kind, f"{kind}-wrong", env)
+        assert "SaslAuthenticationFailed" in log and wrong not in log
+
+
+async def _refused_and_waiting(stack: Stack, kind: str, name: str, env: dict[str, str]) -> str:
+    """Start a service that Kafka refuses: it says so and keeps trying without crashing,
+    and SIGTERM ends its waiting start at once. Returns its log."""
+    proc = stack.start(kind, name, **env)
+    log_path = ARTIFACTS / f"{stack.prefix}-{name}.log"
+    deadline = time.monotonic() + 90
+    while "Kafka does not let the" not in log_path.read_text():
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+        await asyncio.sleep(0.5)
+    refused_at = time.monotonic()
+    while time.monotonic() - refused_at < 8:  # several retries (backoff from 0.5 s)
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        await asyncio.sleep(0.5)
+    assert "Traceback" not in log_path.read_text() and "trying again" in log_path.read_text()
+    # A kill after 20 s would be -9; uvicorn ends the edge by the signal it caught, as
+    # after serving.
+    ended_by = 0 if kind == "batcher" else -signal.SIGTERM
+    assert stack.stop(name) == ended_by, log_path.read_text()[-3000:]
+    return log_path.read_text()
+
+
+async def test_a_client_certificate_logs_in_as_its_cn(secured: Secured) -> None:
+    """On the mTLS port a client's user is its certificate's CN: tw-worker's reads the
+    batches topic (as the worker of the stack does), tw-edge's is refused it."""
+    prefix = {"TW_TOPIC_PREFIX": secured.prefix}
+    worker = CommonSettings.from_env({**secured.cert_env("tw-worker"), **prefix})
+    edge = CommonSettings.from_env({**secured.cert_env("tw-edge"), **prefix})
+    consumer = make_consumer(worker, worker.names.batches, group_id=None, client_id="t")
+    try:
+        await consumer.start()
+        await consumer.getmany(timeout_ms=2000)
+        assert consumer.assignment(), "tw-worker's certificate got no batches partition"
+    finally:
+        await consumer.stop()
+    consumer = make_consumer(edge, edge.names.batches, group_id=None, client_id="t")
+    try:
+        with pytest.raises(TopicAuthorizationFailedError):
+            await consumer.start()
+            await consumer.getmany(timeout_ms=5000)
+    finally:
+        await consumer.stop()
+
+
+async def test_a_client_without_a_certificate_is_refused_and_waits(
+    secured: Secured, stack: Stack
+) -> None:
+    """The mTLS port refuses a TLS client that presents no certificate: the handshake
+    fails (aiokafka sees a closed connection), the service's line says which login it
+    tried, and it waits for a certificate rather than exiting."""
+    bare = CommonSettings.from_env({**secured.cert_env(None), "TW_TOPIC_PREFIX": secured.prefix})
+    producer = make_producer(bare, client_id="t")
+    with pytest.raises(KafkaConnectionError):
+        await producer.start()
+    await producer.stop()
+
+    log = await _refused_and_waiting(stack, "batcher", "batcher-nocert", secured.cert_env(None))
+    assert "login: SSL without a client certificate" in log, log[-3000:]
 
 
 async def _letters_for(settings: CommonSettings, rids: set[str], within_s: float) -> list[Letter]:
