@@ -3,7 +3,8 @@
 now with openssl: every service logs in as its own user over TLS and an answer streams; a
 wrong password is refused, and a batcher that has one keeps trying without crashing; a
 backend service publishing for a tenant (or a priority) its topic may not carry ends in
-the dead-letter topic with the reason; each user reaches only its own topics. The worker
+the dead-letter topic with the reason, and so does one naming a reply topic it is not
+allowed; each user reaches only its own topics, a service only its own completions. The worker
 logs in on the broker's mTLS port with a client certificate (its user is the certificate's
 CN), and a client without a certificate is refused there while it keeps trying. Then no
 log of the run (the services' and the broker's) holds any password."""
@@ -24,7 +25,7 @@ from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from services.ops.dlq import Letter, read_letters
 from shared.kafka_io import make_consumer, make_producer
-from shared.messages import GenerateRequest, Priority, SamplingParams
+from shared.messages import GenerateRequest, Priority, ReplyTarget, SamplingParams
 from shared.producer import Producer
 from shared.settings import CommonSettings
 from tests.conftest import new_prefix
@@ -36,9 +37,10 @@ from tests.integration.servers import Server, private_server
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 MODEL = "tokenwire-tiny"
-# The backend service "billing" may speak for tenant acme, at bulk priority only.
-SOURCES = "billing:acme:bulk"
-USERS = ("tw-admin", "tw-edge", "tw-batcher", "tw-worker", "tw-svc-billing")
+# The backend service "billing" may speak for tenant acme, at bulk priority only; "audit"
+# for tenant initech. Each may name its own completions topic for replies, no other.
+SOURCES = "billing:acme:bulk;audit:initech"
+USERS = ("tw-admin", "tw-edge", "tw-batcher", "tw-worker", "tw-svc-billing", "tw-svc-audit")
 
 
 @dataclass
@@ -224,6 +226,16 @@ async def test_a_client_without_a_certificate_is_refused_and_waits(
     assert "login: SSL without a client certificate" in log, log[-3000:]
 
 
+def _request(tenant: str, priority: Priority, reply_topic: str | None = None) -> GenerateRequest:
+    return GenerateRequest(
+        prompt="The function returns",
+        tenant=tenant,
+        priority=priority,
+        sampling=SamplingParams(max_tokens=4, temperature=0),
+        reply=ReplyTarget(kafka_topic=reply_topic),
+    )
+
+
 async def _letters_for(settings: CommonSettings, rids: set[str], within_s: float) -> list[Letter]:
     deadline = time.monotonic() + within_s
     while True:
@@ -240,16 +252,10 @@ async def test_a_service_publishing_for_another_tenant_ends_in_the_dlq(
 ) -> None:
     billing = secured.settings("tw-svc-billing", request_source="billing")
 
-    def request(tenant: str, priority: Priority) -> GenerateRequest:
-        sampling = SamplingParams(max_tokens=4, temperature=0)
-        return GenerateRequest(
-            prompt="The function returns", tenant=tenant, priority=priority, sampling=sampling
-        )
-
     async with Producer(billing, client_id="billing") as p:
-        served = await p.submit(request("acme", Priority.BULK))
-        other_tenant = await p.submit(request("globex", Priority.BULK))
-        interactive = await p.submit(request("acme", Priority.INTERACTIVE))
+        served = await p.submit(_request("acme", Priority.BULK))
+        other_tenant = await p.submit(_request("globex", Priority.BULK))
+        interactive = await p.submit(_request("acme", Priority.INTERACTIVE))
         done = [c async for c in p.completions({served}, timeout_s=90)]
     assert [(c.tenant, c.error) for c in done] == [("acme", None)] and done[0].text
 
@@ -269,6 +275,49 @@ async def test_a_service_publishing_for_another_tenant_ends_in_the_dlq(
             await producer.send_and_wait(stack.names.requests, b"{}")
     finally:
         await producer.stop()
+
+
+async def test_a_reply_topic_the_service_may_not_name_ends_in_the_dlq(
+    secured: Secured, stack: Stack
+) -> None:
+    """billing may have its replies written to its own completions topic only: a request
+    naming audit's, or the shared one, is dead-lettered with the reason (the worker never
+    sees it), and the batcher serves on."""
+    billing = secured.settings("tw-svc-billing", request_source="billing")
+    names = stack.names
+    async with Producer(billing, client_id="billing") as p:
+        others = {
+            await p.submit(_request("acme", Priority.BULK, topic)): topic
+            for topic in (names.completions_to("audit"), names.completions)
+        }
+        own = await p.submit(_request("acme", Priority.BULK, names.completions_to("billing")))
+        done = [c async for c in p.completions({own}, timeout_s=90)]
+    assert [(c.request_id, c.error) for c in done] == [(own, None)] and done[0].text
+
+    letters = await _letters_for(secured.settings("tw-admin"), set(others), 60)
+    by_rid = {x.letter.request_id: x.letter for x in letters if x.letter}
+    assert set(by_rid) == set(others), "requests naming another's reply topic not dead-lettered"
+    for rid, topic in others.items():
+        assert by_rid[rid].reason == "reply_topic_not_allowed"
+        assert repr(topic) in by_rid[rid].detail and "'billing'" in by_rid[rid].detail
+    assert stack.procs["batcher"].poll() is None
+
+
+@pytest.mark.parametrize("topic", ["completions.to-audit", "completions"])
+async def test_a_service_reads_only_its_own_completions(
+    secured: Secured, stack: Stack, topic: str
+) -> None:
+    """billing's Kafka user is refused audit's completions topic and the shared one (it
+    reads its own in the tests above)."""
+    settings = secured.settings("tw-svc-billing")
+    name = f"{stack.prefix}.{topic}"
+    consumer = make_consumer(settings, name, group_id=None, client_id="t")
+    try:
+        with pytest.raises(TopicAuthorizationFailedError):
+            await consumer.start()
+            await consumer.getmany(timeout_ms=5000)
+    finally:
+        await consumer.stop()
 
 
 @pytest.mark.parametrize(
@@ -306,7 +355,7 @@ def test_no_password_in_any_log(secured: Secured, stack: Stack) -> None:
     broker's server.properties, 0600, holds its inter-broker one by design)."""
     kafka_logs = Path(secured.server.env["TW_RUN_DIR"]) / "kafka" / "logs"
     texts = {p.name: p.read_text(errors="replace") for p in kafka_logs.rglob("*") if p.is_file()}
-    for name in [*stack.procs, "batcher-wrong"]:
+    for name in [*stack.procs, "batcher-wrong", "batcher-nocert"]:
         path = ARTIFACTS / f"{stack.prefix}-{name}.log"
         texts[name] = path.read_text()
     for user in USERS:
