@@ -312,9 +312,7 @@ class BatcherService:
         except DecodeError as exc:
             return Rejected.of(msg, exc.reason, exc.detail, _salvage_request_id(msg.value))
         rid = req.request_id
-        refused = self.sources.refusal(
-            tp.topic, req.tenant, req.priority, req.reply.kafka_topic
-        )
+        refused = self.sources.refusal(tp.topic, req.tenant, req.priority, req.reply.kafka_topic)
         if refused is not None:
             return Rejected.of(msg, *refused, rid)
         if req.deadline is not None and req.deadline < now:
