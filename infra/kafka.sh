@@ -97,18 +97,18 @@ EOF
   admin_pw=$(password tw-admin)
   # The mTLS port: the principal is the certificate's CN (this listener's rule only; the
   # controller's keeps the whole subject, the super user above).
-  local mtls="" mtls_ad="" mtls_map=""
+  local mtls="" mtls_map="" mtls_conf=""
   if [ -n "${TW_KAFKA_MTLS_PORT:-}" ]; then
-    mtls=",MTLS://127.0.0.1:$TW_KAFKA_MTLS_PORT" mtls_ad=",MTLS://127.0.0.1:$TW_KAFKA_MTLS_PORT"
-    mtls_map=",MTLS:SSL"
+    mtls=",MTLS://127.0.0.1:$TW_KAFKA_MTLS_PORT" mtls_map=",MTLS:SSL"
+    mtls_conf='listener.name.mtls.ssl.client.auth=required
+listener.name.mtls.ssl.principal.mapping.rules=RULE:^CN=([^,]+)$/$1/,RULE:^CN=([^,]+),.*$/$1/,DEFAULT'
   fi
   cat <<EOF
 listeners=SASL_SSL://127.0.0.1:$TW_KAFKA_PORT,CONTROLLER://127.0.0.1:$TW_KAFKA_CONTROLLER_PORT$mtls
-advertised.listeners=SASL_SSL://127.0.0.1:$TW_KAFKA_PORT$mtls_ad
+advertised.listeners=SASL_SSL://127.0.0.1:$TW_KAFKA_PORT$mtls
 inter.broker.listener.name=SASL_SSL
 listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL$mtls_map
-listener.name.mtls.ssl.client.auth=required
-listener.name.mtls.ssl.principal.mapping.rules=RULE:^CN=([^,]+)\$/\$1/,RULE:^CN=([^,]+),.*\$/\$1/,DEFAULT
+$mtls_conf
 sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="tw-admin" password="$admin_pw";
