@@ -20,6 +20,9 @@
 #   made when missing, 0600). Switching an existing broker's security needs a reset. The
 #   broker's certificate is also its client certificate towards the controller: it must
 #   not be restricted to serverAuth (no extendedKeyUsage, or clientAuth among them).
+# TW_KAFKA_MTLS_PORT (with sasl_ssl): a second client port that speaks TLS with client
+#   certificates (ssl.client.auth=required, signed by TW_KAFKA_TLS_CA_FILE): a client's
+#   user is its certificate's CN (CN=tw-worker logs in as tw-worker, under the same ACLs).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 TW_KAFKA_SECURITY="${TW_KAFKA_SECURITY:-plaintext}"
@@ -94,9 +97,10 @@ running_pid() {
 API_VERSIONS='\x00\x00\x00\x0c\x00\x12\x00\x00\x00\x00\x00\x01\x00\x02tw'
 answers() (
   if [ "$TW_KAFKA_SECURITY" = sasl_ssl ]; then
-    # -quiet implies -ign_eof: the session stays open for the answer until head has it.
+    # -quiet implies -ign_eof: the session stays open for the answer until head has it,
+    # and until timeout ends it (status 124, which must not end this subshell under -e).
     n=$(printf "$API_VERSIONS" | timeout 2 openssl s_client -quiet -verify_return_error \
-      -CAfile "$TW_KAFKA_TLS_CA_FILE" -connect "127.0.0.1:$PORT" | head -c 4 | wc -c)
+      -CAfile "$TW_KAFKA_TLS_CA_FILE" -connect "127.0.0.1:$PORT" | head -c 4 | wc -c) || true
     [ "$n" -eq 4 ]
     exit
   fi
@@ -132,11 +136,20 @@ EOF
   # The broker reaches its controller with its own certificate: that subject is a super user.
   subject=$(openssl x509 -in "$TW_KAFKA_SERVER_CERT_FILE" -noout -subject -nameopt RFC2253 | sed 's/^subject=//')
   admin_pw=$(password tw-admin)
+  # The mTLS port: the principal is the certificate's CN (this listener's rule only; the
+  # controller's keeps the whole subject, the super user above).
+  local mtls="" mtls_map="" mtls_conf=""
+  if [ -n "${TW_KAFKA_MTLS_PORT:-}" ]; then
+    mtls=",MTLS://127.0.0.1:$TW_KAFKA_MTLS_PORT" mtls_map=",MTLS:SSL"
+    mtls_conf='listener.name.mtls.ssl.client.auth=required
+listener.name.mtls.ssl.principal.mapping.rules=RULE:^CN=([^,]+)$/$1/,RULE:^CN=([^,]+),.*$/$1/,DEFAULT'
+  fi
   cat <<EOF
-listeners=SASL_SSL://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
-advertised.listeners=SASL_SSL://127.0.0.1:$PORT
+listeners=SASL_SSL://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT$mtls
+advertised.listeners=SASL_SSL://127.0.0.1:$PORT$mtls
 inter.broker.listener.name=SASL_SSL
-listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL
+listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL$mtls_map
+$mtls_conf
 sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="tw-admin" password="$admin_pw";
@@ -173,10 +186,18 @@ password() {
 security_lines() {
   local prefix="${TW_TOPIC_PREFIX:-tw}" svc rules="" user
   rules=$(grep -Ev '^[[:space:]]*(#|$)' "$TW_ROOT/infra/kafka-acl.conf" | grep -v '{svc}' || true)
-  # TW_REQUEST_SOURCES: "svc:tenants[:priorities]" joined by ';' (services/batcher/sources.py)
-  for svc in $(printf '%s' "${TW_REQUEST_SOURCES:-}" | tr ';' '\n' | cut -d: -f1 | tr -d ' '); do
+  # TW_REQUEST_SOURCES: "svc:tenants[:priorities[:reply_topics]]" joined by ';'
+  # (services/batcher/sources.py): a service's reply topics besides its own are written by
+  # the worker and read by that service.
+  local source topic
+  while IFS= read -r source; do
+    svc=$(printf '%s' "$source" | cut -d: -f1 | tr -d ' ')
+    [ -n "$svc" ] || continue
     rules+=$'\n'$(grep -Ev '^[[:space:]]*#' "$TW_ROOT/infra/kafka-acl.conf" | grep '{svc}' | sed "s/{svc}/$svc/g")
-  done
+    for topic in $(printf '%s' "$source" | cut -s -d: -f4 | tr ',' ' '); do
+      rules+=$'\n'"tw-worker WRITE TOPIC LITERAL $topic"$'\n'"tw-svc-$svc READ TOPIC LITERAL $topic"
+    done
+  done < <(printf '%s\n' "${TW_REQUEST_SOURCES:-}" | tr ';' '\n')
   rules=$(printf '%s\n' "$rules" | sed "s/{p}/$prefix/g" | grep -v '^[[:space:]]*$')
   for user in $(printf '%s\n' "$rules" | awk '{print $1}' | awk '!seen[$0]++'); do
     password "$user" >/dev/null

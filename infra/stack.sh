@@ -8,6 +8,15 @@
 # $TW_RUN_DIR/kafka-brokers, so `down` and `status` (and infra/kafka.sh) act on the same
 # nodes; `up` without --brokers keeps the stack's count, `--brokers 1` goes back to one.
 #
+# TW_KAFKA_SECURITY=sasl_ssl (give it to every verb): the stack's broker speaks SASL_SSL
+# only, with per-service users and ACLs (infra/kafka.sh, infra/kafka-acl.conf). Its TLS
+# files are made here once with openssl (TW_KAFKA_TLS_DIR, default $TW_RUN_DIR/kafka-tls:
+# a CA and a certificate for 127.0.0.1 signed by it) unless TW_KAFKA_TLS_CA_FILE,
+# TW_KAFKA_SERVER_CERT_FILE and TW_KAFKA_SERVER_KEY_FILE name others; the topics are made
+# as tw-admin and each service logs in as its own user, tw-<service>, with the password
+# file kafka.sh made. Switching an existing stack: `infra/stack.sh down` and
+# `TW_KAFKA_SECURITY=... infra/kafka.sh reset` (the data goes).
+#
 # Each service runs under a supervisor (`infra/stack.sh supervise NAME`, started by `up`)
 # that restarts it whenever it exits, until `down`: a service is meant to exit only on
 # SIGTERM or a bug, and neither must end the stack for good. The delay
@@ -39,6 +48,38 @@ export TW_PORT="$TW_EDGE_PORT"
 # folder; `tokenwire keys create` with the same TW_KEY_PEPPER_FILE makes keys this stack's
 # edges accept. Keys are required unless TW_AUTH=off (the demo).
 export TW_KEY_PEPPER_FILE="${TW_KEY_PEPPER_FILE:-$TW_RUN_DIR/key-pepper}"
+
+export TW_KAFKA_SECURITY="${TW_KAFKA_SECURITY:-plaintext}"
+KAFKA_TLS="${TW_KAFKA_TLS_DIR:-$TW_RUN_DIR/kafka-tls}"
+if [ "$TW_KAFKA_SECURITY" = sasl_ssl ]; then
+  export TW_KAFKA_TLS_CA_FILE="${TW_KAFKA_TLS_CA_FILE:-$KAFKA_TLS/ca.crt}"
+  export TW_KAFKA_SERVER_CERT_FILE="${TW_KAFKA_SERVER_CERT_FILE:-$KAFKA_TLS/server.crt}"
+  export TW_KAFKA_SERVER_KEY_FILE="${TW_KAFKA_SERVER_KEY_FILE:-$KAFKA_TLS/server.key}"
+fi
+
+# The secured broker's CA and certificate, made once (kept: the services trust this CA).
+kafka_tls_files() {
+  [ "$TW_KAFKA_SECURITY" = sasl_ssl ] && [ ! -s "$TW_KAFKA_SERVER_CERT_FILE" ] || return 0
+  [ "$TW_KAFKA_SERVER_CERT_FILE" = "$KAFKA_TLS/server.crt" ] ||
+    { echo "TW_KAFKA_SERVER_CERT_FILE=$TW_KAFKA_SERVER_CERT_FILE is missing" >&2; exit 2; }
+  mkdir -p "$KAFKA_TLS" && chmod 700 "$KAFKA_TLS"
+  (
+    umask 077; cd "$KAFKA_TLS"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 825 -keyout ca.key -out ca.crt -subj "/CN=tokenwire $TW_STACK CA"
+    openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=tw-kafka-broker
+    # No extendedKeyUsage: the broker also presents it as a client to its controller.
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >server.ext
+    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 825 -extfile server.ext -out server.crt
+  ) >/dev/null 2>&1 || { echo "could not make the Kafka TLS files in $KAFKA_TLS" >&2; exit 1; }
+  echo "made a CA and the broker's certificate in $KAFKA_TLS" >&2
+}
+
+# Log this process's Kafka clients in as user $1 (nothing unless the broker is secured).
+kafka_login() {
+  [ "$TW_KAFKA_SECURITY" = sasl_ssl ] || return 0
+  export TW_KAFKA_SECURITY_PROTOCOL=SASL_SSL TW_KAFKA_USERNAME="$1"
+  export TW_KAFKA_PASSWORD_FILE="${TW_KAFKA_ACL_DIR:-$TW_RUN_DIR/kafka-acl}/$1.password"
+}
 
 # Seconds with up to 3 decimals, as whole milliseconds (bash has integers only).
 to_ms() {
@@ -127,6 +168,7 @@ supervise() {
 
   TW_MODEL_DIR="${TW_MODEL_DIR:-$(model_dir)}"
   export TW_MODEL_DIR
+  kafka_login "tw-$name"
 
   # A service left running without a supervisor (its supervisor was killed, or the stack
   # was started by an older script) is adopted: not a child, so it is polled, not waited for.
@@ -248,9 +290,10 @@ case "${1:-}" in
     export TW_MODEL_DIR
     "$TW" keys pepper --file "$TW_KEY_PEPPER_FILE" >/dev/null
     echo "$TW_KAFKA_BROKERS" >"$TW_RUN_DIR/kafka-brokers"
+    kafka_tls_files
     infra/kafka.sh start
     infra/redis.sh start
-    "$TW" topics create
+    (kafka_login tw-admin && "$TW" topics create)
     counts=()
     for s in "${SERVICES[@]}"; do
       # A supervisor started now begins at 0 restarts; a running one keeps its count.

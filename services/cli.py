@@ -133,8 +133,9 @@ def cmd_topics(args: argparse.Namespace) -> None:
     }
     from services.batcher.config import BatcherSettings
 
-    for source in BatcherSettings.from_env().sources:  # backend services' own requests topics
+    for source in BatcherSettings.from_env().sources:  # backend services' own topics
         parts[n.requests_from(source.name)] = args.requests
+        parts[n.completions_to(source.name)] = args.completions
     created = asyncio.run(ensure_topics(settings, parts))
     print(f"topics ready ({', '.join(created) or 'all existed'} created)")
 

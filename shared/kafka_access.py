@@ -67,6 +67,17 @@ class KafkaAccess:
     def tls(self) -> bool:
         return self.protocol in (SecurityProtocol.SASL_SSL, SecurityProtocol.SSL)
 
+    def login(self) -> str:
+        """How this client logs in, in words for a log line (never a secret): a refused
+        TLS handshake says nothing of why, so the line names what was presented."""
+        if self.protocol is SecurityProtocol.PLAINTEXT:
+            return "PLAINTEXT, no login"
+        if self.protocol is SecurityProtocol.SASL_SSL:
+            return f"SASL_SSL as user {self.username!r} ({self.mechanism.value})"
+        if self.cert_file:
+            return f"SSL with the client certificate {self.cert_file}"
+        return "SSL without a client certificate (TW_KAFKA_TLS_CERT_FILE is empty)"
+
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context (None over PLAINTEXT): the broker's certificate and host name
         verified, a client certificate presented when one is set."""

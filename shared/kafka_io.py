@@ -22,6 +22,7 @@ from aiokafka.errors import (
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest
 
+from shared.kafka_access import KafkaAccess
 from shared.retry import KAFKA_DOWN, backoff
 from shared.settings import CommonSettings
 
@@ -133,7 +134,12 @@ class RenewingProducer:
             except KAFKA_DOWN as exc:
                 await self._current.stop()
                 if failures == 0:
-                    log.warning("Kafka does not let the producer in (%r): trying again", exc)
+                    login = self._settings.kafka.login()
+                    log.warning(
+                        "Kafka does not let the producer in (%r; login: %s): trying again",
+                        exc,
+                        login,
+                    )
                 await asyncio.sleep(
                     backoff(failures, first_s=START_RETRY_FIRST_S, cap_s=START_RETRY_CAP_S)
                 )
@@ -292,10 +298,10 @@ def make_admin(settings: CommonSettings, *, client_id: str) -> AIOKafkaAdminClie
     )
 
 
-async def start_consumer(consumer: AIOKafkaConsumer) -> None:
+async def start_consumer(consumer: AIOKafkaConsumer, access: KafkaAccess) -> None:
     """Start a consumer, trying again for as long as Kafka does not let it in (a failed
     start stops at the bootstrap, before the consumer holds anything, so it can be
-    started again)."""
+    started again). The log line names the login ``access`` the consumer was made with."""
     failures = 0
     while True:
         try:
@@ -303,7 +309,11 @@ async def start_consumer(consumer: AIOKafkaConsumer) -> None:
             return
         except KAFKA_DOWN as exc:
             if failures == 0:
-                log.warning("Kafka does not let the consumer in (%r): trying again", exc)
+                log.warning(
+                    "Kafka does not let the consumer in (%r; login: %s): trying again",
+                    exc,
+                    access.login(),
+                )
             await asyncio.sleep(
                 backoff(failures, first_s=START_RETRY_FIRST_S, cap_s=START_RETRY_CAP_S)
             )

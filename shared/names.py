@@ -33,6 +33,11 @@ class Names:
     def completions(self) -> str:
         return f"{self.prefix}.completions"
 
+    def completions_to(self, source: str) -> str:
+        """The completions topic of one backend service: the reply topic its requests name
+        (the batcher refuses any other it is not allowed), which only its Kafka user reads."""
+        return f"{self.prefix}.completions.to-{source}"
+
     @property
     def requests_dlq(self) -> str:
         return f"{self.prefix}.requests.dlq"

@@ -1,6 +1,10 @@
 """A plain Python producer for backend services: publish requests to Kafka, read finished
 results from the completions topic (or follow a request's token stream in Redis).
 
+With ``TW_REQUEST_SOURCE`` set, requests go to that service's own requests topic and their
+replies default to its own completions topic, the one the batcher allows it and only its
+Kafka user reads; without it, the shared topics.
+
     async with Producer(CommonSettings.from_env()) as p:
         rid = await p.submit(GenerateRequest(prompt="Hello", reply=ReplyTarget(kafka_topic=...)))
         async for c in p.completions({rid}):
@@ -39,7 +43,7 @@ class Producer:
         # Subscribe before publishing: completions that arrive early are not missed.
         self._consumer = make_consumer(
             self.settings,
-            self.names.completions,
+            self.replies,
             group_id=f"{self.names.producer_group(self._client_id)}-{uuid.uuid4().hex[:8]}",
             client_id=self._client_id,
             auto_offset_reset="latest",
@@ -60,15 +64,20 @@ class Producer:
         source = self.settings.request_source
         return self.names.requests_from(source) if source else self.names.requests
 
+    @property
+    def replies(self) -> str:
+        """Where completions come back by default (and what ``completions`` reads): this
+        service's own completions topic, or the shared one."""
+        source = self.settings.request_source
+        return self.names.completions_to(source) if source else self.names.completions
+
     async def submit(self, req: GenerateRequest) -> str:
         """Publish one request (its seed fixed now) once Kafka has it durably; returns its id."""
         assert self._producer is not None, "use `async with Producer(...)`"
         req = req.with_seed()
         if req.reply.kafka_topic is None:
             req = req.model_copy(
-                update={
-                    "reply": req.reply.model_copy(update={"kafka_topic": self.names.completions})
-                }
+                update={"reply": req.reply.model_copy(update={"kafka_topic": self.replies})}
             )
         await self._producer.send_and_wait(self.topic, encode(req), key=req.request_id.encode())
         return req.request_id

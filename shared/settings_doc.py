@@ -128,13 +128,28 @@ SCRIPT_SETTINGS: tuple[Row, ...] = (
         "infra/kafka.sh",
         "`plaintext`",
         "`sasl_ssl`: SCRAM users over TLS, the StandardAuthorizer and the per-service ACLs of "
-        "`infra/kafka-acl.conf` (for `TW_TOPIC_PREFIX` and `TW_REQUEST_SOURCES`)",
+        "`infra/kafka-acl.conf` (for `TW_TOPIC_PREFIX` and `TW_REQUEST_SOURCES`); given to "
+        "`infra/stack.sh`, the whole stack runs on it, each service as its own user",
     ),
     Row(
         "TW_KAFKA_ACL_DIR",
         "infra/kafka.sh",
         "`$TW_RUN_DIR/kafka-acl`",
         "the Kafka users' password files (`<user>.password`, made when missing, 0600)",
+    ),
+    Row(
+        "TW_KAFKA_MTLS_PORT",
+        "infra/kafka.sh",
+        "(empty: none)",
+        "with `sasl_ssl`: a second client port speaking TLS with required client "
+        "certificates signed by `TW_KAFKA_TLS_CA_FILE`; the certificate's CN is the user",
+    ),
+    Row(
+        "TW_KAFKA_TLS_DIR",
+        "infra/stack.sh",
+        "`$TW_RUN_DIR/kafka-tls`",
+        "with `TW_KAFKA_SECURITY=sasl_ssl`: where the stack makes its broker's CA and "
+        "certificate once (unless `TW_KAFKA_SERVER_CERT_FILE` and the others name files)",
     ),
     Row("TW_KAFKA_SERVER_CERT_FILE", "infra/kafka.sh", "(empty)", "the broker's TLS certificate"),
     Row("TW_KAFKA_SERVER_KEY_FILE", "infra/kafka.sh", "(empty)", "its private key"),

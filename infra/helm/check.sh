@@ -35,6 +35,10 @@ variants=(
   "--set secrets.existingSecret=tokenwire --set redis.tlsCaSecret=redis-ca
    --set worker.modelVolume.persistentVolumeClaim.claimName=models
    --set worker.keda.authenticationRef=kafka-auth --set env.TW_LOG_LEVEL=DEBUG"
+  "--set kafka.securityProtocol=SASL_SSL --set kafka.passwordSecret=kafka-users
+   --set kafka.tlsCaSecret=kafka-ca"
+  "--set kafka.securityProtocol=SSL --set kafka.clientCertSecrets.edge=edge-cert
+   --set kafka.clientCertSecrets.batcher=batcher-cert --set kafka.clientCertSecrets.worker=worker-cert"
 )
 for v in "${variants[@]}"; do
   # shellcheck disable=SC2086
@@ -42,4 +46,9 @@ for v in "${variants[@]}"; do
   # shellcheck disable=SC2086
   "$helm" template tokenwire "$chart" $v | "$validate"
 done
+# SASL_SSL without a Secret of passwords is refused (the chart takes none as a value).
+if out=$("$helm" template tokenwire "$chart" --set kafka.securityProtocol=SASL_SSL 2>&1); then
+  echo "helm template accepted SASL_SSL without kafka.passwordSecret" >&2; exit 1
+fi
+grep -q "needs kafka.passwordSecret" <<<"$out" || { echo "$out" >&2; exit 1; }
 echo "helm chart ok"

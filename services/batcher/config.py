@@ -48,10 +48,12 @@ class BatcherSettings(FleetSettings):
     )
     request_sources: str = Field(
         "",
-        description="backend services with requests topics of their own and the tenants "
-        "(and priorities) each may speak for: 'svc:tenant,tenant[:bulk,interactive]' "
-        "joined by ';', '*' for any (services/batcher/sources.py); empty: the shared "
-        "requests topic alone, which speaks for any tenant",
+        description="backend services with requests topics of their own, the tenants "
+        "(and priorities) each may speak for and the reply topics it may name besides its "
+        "own <prefix>.completions.to-<svc>: "
+        "'svc:tenant,tenant[:bulk,interactive[:topic,topic]]' joined by ';', '*' for any "
+        "tenant or priority (services/batcher/sources.py); empty: the shared requests "
+        "topic alone, which speaks for any tenant",
     )
     kafka_request_timeout_ms: int = Field(
         30_000, ge=1000, description="a batch or dead letter unacknowledged this long is retried"

@@ -228,7 +228,7 @@ class BatcherService:
         self.consumer.subscribe(
             self.sources.topics, listener=Rebalance(lambda revoked: self.release(set(revoked)))
         )
-        await start_consumer(self.consumer)
+        await start_consumer(self.consumer, self.settings.kafka)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -359,7 +359,7 @@ class BatcherService:
             return Rejected.of(msg, exc.reason, exc.detail, _salvage_request_id(msg.value))
         req = sent.with_seed()
         rid = req.request_id
-        refused = self.sources.refusal(tp.topic, req.tenant, req.priority)
+        refused = self.sources.refusal(tp.topic, req.tenant, req.priority, req.reply.kafka_topic)
         if refused is not None:
             return Rejected.of(msg, *refused, rid)
         if req.deadline is not None and req.deadline < now:

@@ -69,6 +69,7 @@ class Stack:
         topics = {n.requests: partitions, n.batches: partitions, n.completions: 1}
         for source in parse_sources(self.env.get("TW_REQUEST_SOURCES", "")):
             topics[n.requests_from(source.name)] = partitions
+            topics[n.completions_to(source.name)] = 1
         await ensure_topics(self.settings, {**topics, n.requests_dlq: 1})
 
     def start(

@@ -64,7 +64,7 @@ async def submit_file(
             reader = asyncio.create_task(_collect(producer, pending, slots, sink, stats, bar))
             try:
                 for lineno, line in _lines(src):
-                    item = parse_line(line, lineno, tenant, settings.names.completions)
+                    item = parse_line(line, lineno, tenant, producer.replies)
                     cid = item.custom_id
                     if cid in done:
                         stats.skipped += 1

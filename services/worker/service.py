@@ -117,7 +117,7 @@ class WorkerService:
                 lambda revoked: self.hand_back([tp.partition for tp in revoked]), self._assigned
             ),
         )
-        await start_consumer(ctx.consumer)
+        await start_consumer(ctx.consumer, ctx.settings.kafka)
 
     async def _close_unstarted(self) -> None:
         """Stopped while Kafka kept it out: nothing was taken, so nothing to hand back."""

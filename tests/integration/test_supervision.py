@@ -185,3 +185,23 @@ def test_a_killed_service_is_restarted_and_down_leaves_nothing(own_stack: OwnSta
     # Nothing was restarted while the stack went down.
     for s in SERVICES:
         assert st.log(s).count('"logger":"supervisor"') == (1 if s == "batcher" else 0), s
+
+
+def test_the_stack_runs_on_the_secured_broker(own_stack: OwnStack) -> None:
+    """TW_KAFKA_SECURITY=sasl_ssl: the script makes the broker's CA and certificate, the
+    broker speaks SASL_SSL only with per-service ACLs, and each service logs in as its own
+    user: an answer comes back, status finds everything up, no service was refused."""
+    st = own_stack
+    st.env["TW_KAFKA_SECURITY"] = "sasl_ssl"
+    st.script("up", timeout_s=300)
+    assert (st.run_dir / "kafka-tls" / "ca.crt").is_file()
+    key = (st.run_dir / "dev-api-key").read_text().strip()
+    _complete(st.edge_port, "The function returns", key)
+    assert "kafka: not answering" not in st.script("status")
+    for name in SERVICES:
+        environ = Path(f"/proc/{st.pid(name)}/environ").read_bytes().split(b"\0")
+        assert f"TW_KAFKA_USERNAME=tw-{name}".encode() in environ
+        assert b"TW_KAFKA_SECURITY_PROTOCOL=SASL_SSL" in environ
+        log = st.log(name)
+        for refusal in ("AuthorizationFailed", "SaslAuthenticationFailed", "does not let"):
+            assert refusal not in log, f"{name}:\n{log[-3000:]}"

@@ -68,3 +68,16 @@ def test_ssl_alone_has_no_sasl_login() -> None:
 def test_a_bad_combination_fails_naming_the_setting(env: dict[str, str], named: str) -> None:
     with pytest.raises(SettingsError, match=named):
         CommonSettings.from_env(env)
+
+
+def test_the_login_in_words_names_what_is_presented_and_never_the_password() -> None:
+    sasl = CommonSettings(
+        kafka_security_protocol="SASL_SSL", kafka_username="tw-edge", kafka_password="pw-9x"
+    )
+    assert sasl.kafka.login() == "SASL_SSL as user 'tw-edge' (SCRAM-SHA-512)"
+    assert "pw-9x" not in sasl.kafka.login()
+    bare = CommonSettings(kafka_security_protocol="SSL").kafka.login()
+    assert bare == "SSL without a client certificate (TW_KAFKA_TLS_CERT_FILE is empty)"
+    mtls = CommonSettings(kafka_security_protocol="SSL", kafka_tls_cert_file="/c/w.crt")
+    assert mtls.kafka.login() == "SSL with the client certificate /c/w.crt"
+    assert CommonSettings().kafka.login() == "PLAINTEXT, no login"

@@ -1,4 +1,5 @@
-"""Which tenants and priorities each requests topic may carry (TW_REQUEST_SOURCES)."""
+"""Which tenants, priorities and reply topics each requests topic may carry
+(TW_REQUEST_SOURCES)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ def test_a_service_speaks_for_its_tenants_and_priorities_only() -> None:
     )
 
 
+def test_a_service_names_only_its_own_reply_topic_and_those_listed_for_it() -> None:
+    sources = Sources(NAMES, parse_sources("billing:acme::billing.out, audit.in;search:*"))
+    billing, search = "tw.requests.from-billing", "tw.requests.from-search"
+    for allowed in ("tw.completions.to-billing", "billing.out", "audit.in", None):
+        assert sources.refusal(billing, "acme", Priority.BULK, allowed) is None, allowed
+    for other in ("tw.completions", "tw.completions.to-search", "search.out"):
+        reason, detail = sources.refusal(billing, "acme", Priority.BULK, other) or ("", "")
+        assert reason == "reply_topic_not_allowed" and repr(other) in detail
+        assert "tw.completions.to-billing" in detail
+    assert sources.refusal(search, "x", Priority.BULK, "tw.completions.to-search") is None
+    reason, _ = sources.refusal(search, "x", Priority.BULK, "billing.out") or ("", "")
+    assert reason == "reply_topic_not_allowed"
+    # The edge's shared topic names any reply topic (it answers for its callers).
+    assert sources.refusal("tw.requests", "x", Priority.BULK, "billing.out") is None
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -48,6 +65,8 @@ def test_a_service_speaks_for_its_tenants_and_priorities_only() -> None:
         "billing:acme;billing:globex",
         "b:a b",
         "b:",
+        "b:a:bulk:bad topic",
+        "b:a:bulk:t:extra",
     ],
 )
 def test_a_bad_setting_fails_at_start_naming_it(bad: str) -> None:
@@ -58,6 +77,10 @@ def test_a_bad_setting_fails_at_start_naming_it(bad: str) -> None:
 def test_a_producer_writes_its_own_topic_or_the_shared_one() -> None:
     assert Producer(CommonSettings(request_source="billing")).topic == "tw.requests.from-billing"
     assert Producer(CommonSettings()).topic == "tw.requests"
+    assert Producer(CommonSettings(request_source="billing")).replies == (
+        "tw.completions.to-billing"
+    )
+    assert Producer(CommonSettings()).replies == "tw.completions"
     with pytest.raises(SettingsError, match="TW_REQUEST_SOURCE"):
         CommonSettings.from_env({"TW_REQUEST_SOURCE": "No Such"})
 

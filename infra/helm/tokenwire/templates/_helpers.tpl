@@ -37,32 +37,107 @@ app.kubernetes.io/component: {{ .component }}
 - name: TW_REDIS_TLS_CA_FILE
   value: /etc/tokenwire/redis-tls/ca.crt
 {{- end }}
+{{- include "tokenwire.kafkaEnv" . }}
 {{- range $k, $v := .root.Values.env }}
 - name: {{ $k }}
   value: {{ $v | quote }}
 {{- end }}
 {{- end -}}
 
+{{/* A service's Kafka login (kafka.securityProtocol): (dict "root" $ "component" "edge") */}}
+{{- define "tokenwire.kafkaEnv" -}}
+{{- $k := .root.Values.kafka }}
+{{- if not (has $k.securityProtocol (list "PLAINTEXT" "SASL_SSL" "SSL")) }}
+{{- fail (printf "kafka.securityProtocol must be PLAINTEXT, SASL_SSL or SSL, not %q" $k.securityProtocol) }}
+{{- end }}
+{{- if ne $k.securityProtocol "PLAINTEXT" }}
+- name: TW_KAFKA_SECURITY_PROTOCOL
+  value: {{ $k.securityProtocol | quote }}
+{{- if $k.tlsCaSecret }}
+- name: TW_KAFKA_TLS_CA_FILE
+  value: /etc/tokenwire/kafka-tls/ca.crt
+{{- end }}
+{{- if eq $k.securityProtocol "SASL_SSL" }}
+{{- if not $k.passwordSecret }}
+{{- fail "kafka.securityProtocol=SASL_SSL needs kafka.passwordSecret (a Secret with keys edge, batcher, worker)" }}
+{{- end }}
+- name: TW_KAFKA_SASL_MECHANISM
+  value: {{ $k.saslMechanism | quote }}
+- name: TW_KAFKA_USERNAME
+  value: {{ index $k.users .component | quote }}
+- name: TW_KAFKA_PASSWORD_FILE
+  value: /etc/tokenwire/kafka-sasl/{{ .component }}
+{{- end }}
+{{- if index $k.clientCertSecrets .component }}
+- name: TW_KAFKA_TLS_CERT_FILE
+  value: /etc/tokenwire/kafka-client/tls.crt
+- name: TW_KAFKA_TLS_KEY_FILE
+  value: /etc/tokenwire/kafka-client/tls.key
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Mounts and volumes of a service's secrets: (dict "root" $ "component" "edge") */}}
 {{- define "tokenwire.volumeMounts" -}}
+{{- $k := .root.Values.kafka }}
 - name: secrets
   mountPath: /etc/tokenwire/secrets
   readOnly: true
-{{- if .Values.redis.tlsCaSecret }}
+{{- if .root.Values.redis.tlsCaSecret }}
 - name: redis-tls
   mountPath: /etc/tokenwire/redis-tls
   readOnly: true
 {{- end }}
+{{- if ne $k.securityProtocol "PLAINTEXT" }}
+{{- if $k.tlsCaSecret }}
+- name: kafka-tls
+  mountPath: /etc/tokenwire/kafka-tls
+  readOnly: true
+{{- end }}
+{{- if eq $k.securityProtocol "SASL_SSL" }}
+- name: kafka-sasl
+  mountPath: /etc/tokenwire/kafka-sasl
+  readOnly: true
+{{- end }}
+{{- if index $k.clientCertSecrets .component }}
+- name: kafka-client
+  mountPath: /etc/tokenwire/kafka-client
+  readOnly: true
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "tokenwire.volumes" -}}
+{{- $k := .root.Values.kafka }}
 - name: secrets
   secret:
-    secretName: {{ include "tokenwire.secretName" . }}
+    secretName: {{ include "tokenwire.secretName" .root }}
     defaultMode: 0400
-{{- if .Values.redis.tlsCaSecret }}
+{{- if .root.Values.redis.tlsCaSecret }}
 - name: redis-tls
   secret:
-    secretName: {{ .Values.redis.tlsCaSecret }}
+    secretName: {{ .root.Values.redis.tlsCaSecret }}
+{{- end }}
+{{- if ne $k.securityProtocol "PLAINTEXT" }}
+{{- with $k.tlsCaSecret }}
+- name: kafka-tls
+  secret:
+    secretName: {{ . }}
+    items: [{key: ca.crt, path: ca.crt}]
+{{- end }}
+{{- if eq $k.securityProtocol "SASL_SSL" }}
+- name: kafka-sasl
+  secret:
+    secretName: {{ $k.passwordSecret }}
+    items: [{key: {{ .component }}, path: {{ .component }}}]
+    defaultMode: 0400
+{{- end }}
+{{- with index $k.clientCertSecrets .component }}
+- name: kafka-client
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0400
+{{- end }}
 {{- end }}
 {{- end -}}
 
