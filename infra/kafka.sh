@@ -188,14 +188,15 @@ security_lines() {
   rules=$(grep -Ev '^[[:space:]]*(#|$)' "$TW_ROOT/infra/kafka-acl.conf" | grep -v '{svc}' || true)
   # TW_REQUEST_SOURCES: "svc:tenants[:priorities[:reply_topics]]" joined by ';'
   # (services/batcher/sources.py): a service's reply topics besides its own are written by
-  # the worker and read by that service.
+  # the workers (and a batcher answering from the cache) and read by that service.
   local source topic
   while IFS= read -r source; do
     svc=$(printf '%s' "$source" | cut -d: -f1 | tr -d ' ')
     [ -n "$svc" ] || continue
     rules+=$'\n'$(grep -Ev '^[[:space:]]*#' "$TW_ROOT/infra/kafka-acl.conf" | grep '{svc}' | sed "s/{svc}/$svc/g")
     for topic in $(printf '%s' "$source" | cut -s -d: -f4 | tr ',' ' '); do
-      rules+=$'\n'"tw-worker WRITE TOPIC LITERAL $topic"$'\n'"tw-svc-$svc READ TOPIC LITERAL $topic"
+      rules+=$'\n'"tw-worker WRITE TOPIC LITERAL $topic"$'\n'"tw-worker READ TOPIC LITERAL $topic"
+      rules+=$'\n'"tw-batcher WRITE TOPIC LITERAL $topic"$'\n'"tw-svc-$svc READ TOPIC LITERAL $topic"
     done
   done < <(printf '%s\n' "${TW_REQUEST_SOURCES:-}" | tr ';' '\n')
   rules=$(printf '%s\n' "$rules" | sed "s/{p}/$prefix/g" | grep -v '^[[:space:]]*$')
