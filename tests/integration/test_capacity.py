@@ -1,0 +1,95 @@
+"""The capacity plan against what a one-worker stack sustains, measured in the same run."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import pytest
+
+from services.bench.drivers import Sample, closed_loop
+from services.bench.e2e_bench import service_cpu
+from services.bench.prometheus import engine_counters
+from services.ops import costs as costs_file
+from services.ops.capacity import Costs, Target, plan
+from tests.integration.harness import Stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+SLOTS = 4  # the worker's max_running: the batch it steps at
+TOKENS = 48
+
+
+def _bodies(n: int) -> list[dict[str, Any]]:
+    return [
+        {"prompt": f"count the words of line {i}", "max_tokens": TOKENS, "ignore_eos": True}
+        for i in range(n)
+    ]
+
+
+def _decode_rate(s: Sample) -> float:
+    """Tokens/s a stream got while it ran: from its first token to its last."""
+    return (s.tokens - 1) / (s.e2e - s.ttft)
+
+
+def _whole_rate(s: Sample) -> float:
+    """Tokens/s over the request's whole life, its wait for a slot included."""
+    return s.tokens / s.e2e
+
+
+async def test_the_plan_for_what_one_worker_sustains_is_one_worker_and_two_for_double(
+    bare: Stack,
+) -> None:
+    """Measure, then plan from the measurement, then check the plan against the stack.
+
+    1. One worker with ``SLOTS`` slots runs ``SLOTS`` closed-loop streams: the rate each
+       stream got (median, first to last token), the engine's step time at that batch (its
+       busy seconds over its steps, from its own counters), the request rate, and the worker
+       loop's CPU per token (``/proc``) are this stack's target and costs. The other costs
+       (edges, Redis, Kafka, batchers) come from the checked-in file: they decide no worker.
+    2. The plan for that target needs 1 worker. It is not refused, so the step time predicts
+       at least the per-stream rate the streams got through the whole pipeline.
+    3. The plan for twice the streams at the same rate needs 2 workers; and the one-worker
+       stack, given twice the streams, does not sustain them: each stream's rate over its
+       whole life (its wait for a slot included) falls well below the measured rate, and the
+       stack's tokens/s stays far from twice what it was.
+
+    The doubled load is not run on two workers: on a 2-core machine two engines share the
+    cores one used, so their rate would say nothing about the plan. All comparisons are
+    ratios within this run."""
+    bare.start("worker", TW_MAX_RUNNING=str(SLOTS))
+    bare.start("batcher")
+    bare.start("edge")
+    await bare.wait_ready()
+    model = bare.env["TW_MODEL_NAME"]
+    await closed_loop(bare, _bodies(SLOTS), SLOTS, model)  # warm-up
+
+    busy0, steps0 = await engine_counters(bare)
+    cpu0 = service_cpu(bare)
+    samples, wall, one = await closed_loop(bare, _bodies(4 * SLOTS), SLOTS, model)
+    cpu1 = service_cpu(bare)
+    busy1, steps1 = await engine_counters(bare)
+    step_ms = (busy1 - busy0) / (steps1 - steps0) * 1000
+    rate = statistics.median(_decode_rate(s) for s in samples)
+    tokens = sum(s.tokens for s in samples)
+    worker_us = (cpu1["worker"] - cpu0["worker"]) * 1e6 / tokens
+
+    costs = Costs.from_values(
+        costs_file.values(costs_file.read_costs()) | {"worker_cpu_us_per_token": worker_us}
+    )
+    target = Target(
+        streams=SLOTS,
+        tokens_per_s=rate,
+        request_rate=len(samples) / wall,
+        step_ms=step_ms,
+        max_running=SLOTS,
+    )
+    sustained = plan(target, costs)
+    assert sustained.count("workers") == 1, sustained
+    doubled = plan(Target(**{**target.__dict__, "streams": 2 * SLOTS}), costs)
+    assert doubled.count("workers") == 2, doubled
+
+    over, _, two = await closed_loop(bare, _bodies(8 * SLOTS), 2 * SLOTS, model)
+    whole = statistics.median(_whole_rate(s) for s in over)
+    assert whole < 0.75 * rate, (whole, rate, step_ms)
+    assert two.full < 1.5 * one.full, (two.full, one.full)
