@@ -17,6 +17,10 @@ from services.ops.costs import DEFAULT_COSTS, read_costs, values
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
+def _number(v: float) -> str:
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:,.4g}"
+
+
 def render_table(p: Plan, costs_path: Path) -> str:
     """The plan as a Markdown table: part, count, formula, inputs."""
     t = p.target
@@ -29,7 +33,7 @@ def render_table(p: Plan, costs_path: Path) -> str:
         "|---|---|---|---|",
     ]
     for n in p.needs:
-        inputs = ", ".join(f"{k}={v:g}" for k, v in n.inputs.items())
+        inputs = ", ".join(f"{k}={_number(v)}" for k, v in n.inputs.items())
         lines.append(f"| {n.part} | {n.count:,} | {n.formula} | {inputs} |")
     return "\n".join(lines)
 

@@ -66,7 +66,7 @@ async def test_the_plan_for_what_one_worker_sustains_is_one_worker_and_two_for_d
 
     busy0, steps0 = await engine_counters(bare)
     cpu0 = service_cpu(bare)
-    samples, wall, one = await closed_loop(bare, _bodies(4 * SLOTS), SLOTS, model)
+    samples, wall, one = await closed_loop(bare, _bodies(3 * SLOTS), SLOTS, model)
     cpu1 = service_cpu(bare)
     busy1, steps1 = await engine_counters(bare)
     step_ms = (busy1 - busy0) / (steps1 - steps0) * 1000
@@ -89,7 +89,13 @@ async def test_the_plan_for_what_one_worker_sustains_is_one_worker_and_two_for_d
     doubled = plan(Target(**{**target.__dict__, "streams": 2 * SLOTS}), costs)
     assert doubled.count("workers") == 2, doubled
 
-    over, _, two = await closed_loop(bare, _bodies(8 * SLOTS), 2 * SLOTS, model)
+    over, _, two = await closed_loop(bare, _bodies(4 * SLOTS), 2 * SLOTS, model)
     whole = statistics.median(_whole_rate(s) for s in over)
+    print(  # shown with -s: the run's figures
+        f"step {step_ms:.1f} ms at batch {SLOTS}, {rate:.1f} tok/s per stream "
+        f"(at most {1000 / step_ms:.1f} by the step), worker loop {worker_us:.0f} us/token; "
+        f"doubled: {whole:.1f} tok/s per stream over its life, {two.full:.0f} against "
+        f"{one.full:.0f} tok/s"
+    )
     assert whole < 0.75 * rate, (whole, rate, step_ms)
     assert two.full < 1.5 * one.full, (two.full, one.full)

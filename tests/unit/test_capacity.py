@@ -163,7 +163,13 @@ def test_a_benchmark_merges_its_figures_into_a_copy_of_the_defaults(tmp_path: Pa
 def test_the_plan_command_prints_a_table_json_and_refuses_bad_targets(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    path = tmp_path / "costs.json"
+    costs_file.merge_costs(
+        path, {k: costs_file.measured(v, "unit") for k, v in COSTS.__dict__.items()}
+    )
+    capsys.readouterr()
     args = ["plan", "--streams", "512", "--tokens-per-s", "30", "--request-rate", "10"]
+    args += ["--costs", str(path)]
     cli.main([*args, "--step-ms", "25", "--max-running", "256"])
     table = capsys.readouterr().out
     assert "| workers | 2 |" in table and "| kafka_brokers |" in table
@@ -175,5 +181,5 @@ def test_the_plan_command_prints_a_table_json_and_refuses_bad_targets(
         cli.main([*args, "--step-ms", "50"])
     assert "cannot serve 30 tokens/s per stream" in str(exc.value.code)
     with pytest.raises(SystemExit) as exc:
-        cli.main([*args, "--step-ms", "25", "--costs", str(tmp_path / "none.json")])
+        cli.main([*args[:-2], "--step-ms", "25", "--costs", str(tmp_path / "none.json")])
     assert "none.json" in str(exc.value.code)
