@@ -18,7 +18,9 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _number(v: float) -> str:
-    return f"{int(v):,}" if float(v).is_integer() else f"{v:,.4g}"
+    if float(v).is_integer() or abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
 
 
 def render_table(p: Plan, costs_path: Path) -> str:
@@ -26,7 +28,7 @@ def render_table(p: Plan, costs_path: Path) -> str:
     t = p.target
     lines = [
         f"target: {t.streams:,} streams x {t.tokens_per_s:g} tokens/s, "
-        f"{t.request_rate:g} requests/s, step {t.step_ms:g} ms at batch {t.max_running}, "
+        f"{t.request_rate:,g} requests/s, step {t.step_ms:g} ms at batch {t.max_running}, "
         f"headroom {t.headroom:g}, replication {t.replication} (costs: {costs_path})",
         "",
         "| part | count | formula | inputs |",
