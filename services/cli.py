@@ -205,7 +205,8 @@ def cmd_bench_batcher(args: argparse.Namespace) -> None:
     env.setdefault("TW_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
     env.setdefault("TW_REDIS_URL", "redis://127.0.0.1:16379/0")
     model_dir = args.model_dir or resolve_model_dir("", "tiny")
-    run(env, model_dir, Path(args.out) if args.out else None, quick=args.quick)
+    out = Path(args.out) if args.out else None
+    run(env, model_dir, out, quick=args.quick, costs=Path(args.costs) if args.costs else None)
 
 
 def cmd_bulk_submit(args: argparse.Namespace) -> None:
@@ -264,7 +265,8 @@ def cmd_bench_e2e(args: argparse.Namespace) -> None:
     if args.output_tokens:
         lo, hi = (int(x) for x in args.output_tokens.split(","))
         cfg.workload.output_tokens = (lo, hi)
-    run(env, model_dir, f"tokenwire-{args.preset}", cfg, Path(args.out))
+    costs = Path(args.costs) if args.costs else None
+    run(env, model_dir, f"tokenwire-{args.preset}", cfg, Path(args.out), costs)
 
 
 def cmd_chaos(args: argparse.Namespace) -> None:
@@ -440,6 +442,16 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
     be.set_defaults(fn=cmd_bench_engine)
 
 
+def _costs_option(p: argparse.ArgumentParser, names: str) -> None:
+    p.add_argument(
+        "--costs",
+        default="",
+        metavar="PATH",
+        help=f"merge {names} into this costs file (read by `tokenwire plan`), "
+        "e.g. reports/costs.json",
+    )
+
+
 def _add_bench_batcher_parser(bsub: Subparsers) -> None:
     bb = bsub.add_parser(
         "batcher", help="window and routing on a local cluster (needs Kafka, Redis)"
@@ -453,6 +465,7 @@ def _add_bench_batcher_parser(bsub: Subparsers) -> None:
         default="reports/bench_batcher.json",
         help="the JSON report (default: reports/bench_batcher.json)",
     )
+    _costs_option(bb, "batcher_requests_per_s")
     bb.set_defaults(fn=cmd_bench_batcher)
 
 
@@ -468,6 +481,11 @@ def _add_bench_e2e_parser(bsub: Subparsers) -> None:
         default="reports/e2e",
         help="folder of report.json, the plots and the services' logs (default: reports/e2e)",
     )
+    _costs_option(
+        e2e,
+        "each service's CPU per token (worker, engine, batcher, edge), the batcher's per "
+        "request and the pipeline's tokens/s",
+    )
     e2e.set_defaults(fn=cmd_bench_e2e)
 
 
@@ -478,6 +496,7 @@ def _add_bench_parser(sub: Subparsers) -> None:
     _add_bench_batcher_parser(bsub)
     # Listed here; its options are the edge benchmark's own (main() hands them over).
     bsub.add_parser("edge", help="events/s one edge relays and the latency it adds")
+    bsub.add_parser("infra", help="token events/s one Redis core and records/s one broker take")
     _add_bench_e2e_parser(bsub)
     _add_bench_index_parser(bsub)
     _add_bench_cache_parser(bsub)
@@ -587,10 +606,12 @@ def _add_bench_index_parser(bsub: Subparsers) -> None:
 
 def _add_ops_parsers(sub: Subparsers) -> None:
     from services.ops.dlq import add_parser as add_dlq_parser
+    from services.ops.plan import add_parser as add_plan_parser
     from services.ops.status import add_parser as add_status_parser
 
     add_dlq_parser(sub)
     add_status_parser(sub)
+    add_plan_parser(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -617,6 +638,11 @@ def main(argv: list[str] | None = None) -> None:
         from services.bench.edge_bench import main as bench_edge
 
         bench_edge(argv[2:])
+        return
+    if argv[:2] == ["bench", "infra"]:
+        from services.bench.infra_bench import main as bench_infra
+
+        bench_infra(argv[2:])
         return
     args = build_parser().parse_args(argv)
     try:

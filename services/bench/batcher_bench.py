@@ -4,6 +4,10 @@ Redis and worker processes (the batcher runs in-process so its own timings are v
 Part A — window: added wait at low load (one request at a time, a worker with room) and
 batch sizes under load. Part B — routing: a shared-prefix workload on two workers with a
 small KV budget, prefix affinity versus round-robin: prefix-cache hit rate and tokens/s.
+
+``--costs PATH`` merges into a costs file the requests/s one batcher routes: the burst's
+requests over the CPU seconds this process spent on them. The process also runs the
+benchmark's producer and stream recorder, so the figure is a lower bound on a batcher's own.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from services.batcher.routing import RoutingMode
 from services.batcher.service import BatcherService
 from services.bench.cluster import Stack, StreamRecorder, make_stack
 from services.bench.stats import pct
+from services.ops.costs import Cost, measured, merge_costs
 from shared.codec import encode
 from shared.kafka_io import make_producer
 from shared.messages import GenerateRequest, SamplingParams
@@ -66,7 +71,11 @@ class Bench:
         await stack.create_topics(partitions=4)
         for i in range(workers):
             stack.start("worker", f"w{i}", **worker_env)
-        await stack.wait_ready(workers=workers)
+        try:
+            await stack.wait_ready(workers=workers)
+        except BaseException:  # the workers started must not outlive a failed start
+            stack.stop_all()
+            raise
         from transformers import AutoTokenizer
 
         settings = BatcherSettings.from_env(
@@ -101,9 +110,11 @@ class Bench:
             low_handoff = list(batcher.handoff_ms)
             batcher.batch_sizes.clear()
             burst = [_request(" ".join(random.choices(WORDS, k=12)), 16) for _ in range(400)]
+            cpu0 = time.process_time()
             futs = [await producer.send(stack.names.requests, encode(r)) for r in burst]
             await asyncio.gather(*futs)
             await rec.wait_finished({r.request_id for r in burst}, within_s=300, stack=stack)
+            burst_cpu_s = time.process_time() - cpu0
             load_waits = list(batcher.window_waits_ms)[len(low_waits) :]
             sizes = list(batcher.batch_sizes)
         return {
@@ -115,6 +126,11 @@ class Bench:
             "load_batcher_wait_ms_p99": pct(load_waits, 0.99),
             "load_batch_size_mean": statistics.fmean(sizes),
             "load_batch_size_histogram": dict(sorted(Counter(sizes).items())),
+            "load_requests": len(burst),
+            # This process's CPU over the burst: the batcher's, the producer's and the
+            # recorder's of the streams (every token event decoded).
+            "load_process_cpu_s": burst_cpu_s,
+            "load_requests_per_cpu_s": len(burst) / burst_cpu_s,
         }
 
     async def routing(
@@ -183,8 +199,26 @@ async def measure(
     return report
 
 
+def costs_of(report: dict[str, Any]) -> dict[str, Cost]:
+    """The requests/s one batcher routes, per CPU second of the process that ran it."""
+    w = report["window"]
+    note = (
+        f"a burst of {w['load_requests']} requests over the CPU seconds of the process running "
+        "the batcher, the producer and the stream recorder: a lower bound"
+    )
+    return {
+        "batcher_requests_per_s": measured(
+            w["load_requests_per_cpu_s"], "requests/s one batcher routes (one core)", note
+        )
+    }
+
+
 def run(
-    env: dict[str, str], model_dir: str, out: Path | None, quick: bool = False
+    env: dict[str, str],
+    model_dir: str,
+    out: Path | None,
+    quick: bool = False,
+    costs: Path | None = None,
 ) -> dict[str, Any]:
     log_dir = Path("reports/logs")
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -195,7 +229,8 @@ def run(
         f"(p99 {w['low_load_batcher_wait_ms_p99']:.1f}) + hand-off to Kafka p50 "
         f"{w['low_load_handoff_ms_p50']:.1f} ms, TTFT p50 {w['low_load_ttft_ms_p50']:.1f} ms; "
         f"under load wait p50 {w['load_batcher_wait_ms_p50']:.0f} ms, "
-        f"mean batch {w['load_batch_size_mean']:.1f}, sizes {w['load_batch_size_histogram']}"
+        f"mean batch {w['load_batch_size_mean']:.1f}, sizes {w['load_batch_size_histogram']}; "
+        f"{w['load_requests_per_cpu_s']:.0f} requests per CPU second of the batcher's process"
     )
     print(
         f"routing (2 workers, shared prefixes): hit rate {a['hit_rate']:.0%} affinity vs "
@@ -206,4 +241,6 @@ def run(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2))
         print(f"wrote {out}")
+    if costs is not None:
+        merge_costs(costs, costs_of(report))
     return report

@@ -16,6 +16,11 @@ first, so that neither side always runs second, after the other's trailing work)
 are medians of per-round ratios, each with a distribution-free interval.
 Writes ``report.json`` and PNG plots.
 
+Each round also reads the CPU seconds each service process used over its closed loop
+(``/proc``; the worker's engine process apart from its loop): per token at the top
+concurrency, the costs ``tokenwire plan`` reads. ``--costs PATH`` merges them, the pipeline's
+tokens/s and the batcher's CPU per request into a costs file.
+
 The parts: :mod:`~services.bench.workload` (the requests), :mod:`~services.bench.drivers`
 (closed and open loop), :mod:`~services.bench.baselines`, :mod:`~services.bench.prometheus`
 (the services' metrics), :mod:`~services.bench.stats` and :mod:`~services.bench.report`
@@ -34,6 +39,7 @@ from typing import Any
 
 from services.bench.baselines import Baselines
 from services.bench.cluster import Stack, make_stack
+from services.bench.cpu import cpu_seconds, descendants, tree_cpu_seconds
 from services.bench.drivers import (
     Sample,
     Throughput,
@@ -47,6 +53,7 @@ from services.bench.prometheus import engine_counters, scrape_stack, stage_times
 from services.bench.report import plot, print_table, summarize
 from services.bench.stats import median_interval, median_of, pct
 from services.bench.workload import Mix, Workload
+from services.ops.costs import Cost, measured, merge_costs
 
 
 @dataclass
@@ -96,6 +103,26 @@ LEVEL_MEDIANS = (
 )
 
 
+SERVICES = ("worker", "engine", "batcher", "edge")
+
+
+def service_cpu(stack: Stack) -> dict[str, float]:
+    """CPU seconds so far of each service process; ``engine``: the worker's children."""
+    worker = stack.procs["worker"].pid
+    return {
+        "worker": cpu_seconds(worker),
+        "engine": tree_cpu_seconds(descendants(worker)),
+        "batcher": cpu_seconds(stack.procs["batcher"].pid),
+        "edge": cpu_seconds(stack.procs["edge"].pid),
+    }
+
+
+def cpu_per_token(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """Each service's CPU microseconds per token over ``rounds`` (their sums)."""
+    tokens = sum(r["tokens"] for r in rounds)
+    return {k: sum(r["cpu_s"][k] for r in rounds) * 1e6 / tokens for k in SERVICES}
+
+
 async def _round(
     stack: Stack,
     base: Baselines,
@@ -118,7 +145,9 @@ async def _round(
     if baselines_first:
         engine, engine_ttft = baselines()
     busy0, steps0 = await engine_counters(stack)
+    cpu0 = service_cpu(stack)
     samples, wall, tput = await closed_loop(stack, bodies, c, model)
+    cpu1 = service_cpu(stack)
     busy1, steps1 = await engine_counters(stack)
     if not baselines_first:
         engine, engine_ttft = baselines()
@@ -127,6 +156,9 @@ async def _round(
         "tok_s": tput.full,
         "tok_s_whole": tput.whole,
         "req_s": len(samples) / wall,
+        "requests": len(samples),
+        "tokens": sum(x.tokens for x in samples),
+        "cpu_s": {k: cpu1[k] - cpu0[k] for k in SERVICES},
         "engine_busy_share": (busy1 - busy0) / wall,
         "engine_steps": steps1 - steps0,
         "engine_alone_tok_s": engine.full,
@@ -209,6 +241,10 @@ async def _level(
     level = {"concurrency": c, "rounds": rounds, **latency_summary(pooled)}
     for key in LEVEL_MEDIANS:
         level[key] = median_of(rounds, key)
+    level["cpu_us_per_token"] = cpu_per_token(rounds)
+    level["batcher_cpu_us_per_request"] = (
+        sum(r["cpu_s"]["batcher"] for r in rounds) * 1e6 / sum(r["requests"] for r in rounds)
+    )
     level["vs_engine_alone_interval"] = median_interval([r["vs_engine_alone"] for r in rounds])
     return level
 
@@ -258,12 +294,35 @@ async def measure(
     return summarize(report)
 
 
+def costs_of(report: dict[str, Any]) -> dict[str, Cost]:
+    """The top level's per-token CPU of each service, the batcher's CPU per request and
+    the pipeline's tokens/s, as costs."""
+    top = max(report["closed_loop"], key=lambda level: level["concurrency"])
+    note = f"{top['concurrency']} closed-loop streams, model {report['model']}"
+    out = {
+        f"{k}_cpu_us_per_token": measured(v, f"us CPU of the {k} per token", note)
+        for k, v in top["cpu_us_per_token"].items()
+    }
+    out["batcher_cpu_us_per_request"] = measured(
+        top["batcher_cpu_us_per_request"], "us CPU of the batcher per request", note
+    )
+    out["pipeline_tok_s"] = measured(top["tok_s"], "tokens/s through the pipeline", note)
+    return out
+
+
 def run(
-    env: dict[str, str], model_dir: str, model_name: str, cfg: E2EConfig, folder: Path
+    env: dict[str, str],
+    model_dir: str,
+    model_name: str,
+    cfg: E2EConfig,
+    folder: Path,
+    costs: Path | None = None,
 ) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     report = asyncio.run(measure(env, model_dir, model_name, cfg, folder))
     report["plots"] = [str(p) for p in plot(report, folder)]
     (folder / "report.json").write_text(json.dumps(report, indent=2))
     print_table(report)
+    if costs is not None:
+        merge_costs(costs, costs_of(report))
     return report

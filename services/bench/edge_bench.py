@@ -13,7 +13,12 @@ straight into Redis the way workers do — no model, batcher or worker in the lo
 - **throughput**: a separate process floods PUBLISHes as fast as Redis takes them; events/s
   is what the clients received from the first event to the last.
 
+The edge process's CPU seconds over the flood, per event relayed, are its CPU cost per
+event. ``--costs PATH`` merges the top level's events/s and CPU per event into a costs file
+(``tokenwire plan`` reads it).
+
     tokenwire bench edge [--concurrency 1 64] [--quick] [--out reports/bench_edge.json]
+                         [--costs reports/costs.json]
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ import orjson
 import redis.asyncio as aioredis
 
 from services.bench.cluster import Stack
+from services.bench.cpu import cpu_seconds
 from services.bench.sse_client import EventStream, OnFrames
 from services.bench.stats import pct
+from services.ops.costs import Cost, measured, merge_costs
 from shared.messages import FinishReason, TokenEvent
 from shared.names import Names
 from shared.resp import RespParser, RespWriter, command, connect
@@ -62,6 +69,7 @@ class LevelResult:
 
     concurrency: int
     events_per_s: float = 0.0
+    cpu_us_per_event: float = 0.0  # the edge process's CPU over the flood, per event
     latency_ms: dict[str, float] = field(default_factory=dict)  # publish → client (p50/p99)
     redis_only_ms: dict[str, float] = field(default_factory=dict)  # publish → subscriber
     added_ms: dict[str, float] = field(default_factory=dict)  # the difference
@@ -228,6 +236,7 @@ class _Level:
     cfg: BenchConfig
     client: aioredis.Redis
     writer: RespWriter
+    edge_pid: int
 
     async def latency(self, result: LevelResult) -> None:
         """Realistic pacing, timestamps in the events. First the same clients subscribed
@@ -261,10 +270,13 @@ class _Level:
         proc = multiprocessing.get_context("spawn").Process(
             target=flood, args=(self.settings.redis_url, self.names.prefix, rids, per_stream)
         )
+        cpu0 = cpu_seconds(self.edge_pid)
         proc.start()
         await asyncio.wait_for(asyncio.gather(*readers), 300)
+        cpu1 = cpu_seconds(self.edge_pid)
         await asyncio.to_thread(proc.join)
         total = sum(s.events for s in streams)
+        result.cpu_us_per_event = round((cpu1 - cpu0) * 1e6 / max(1, total), 3)
         span = max(s.last_at for s in streams) - min(s.first_at for s in streams)
         result.events_per_s = round(total / span) if span > 0 else 0.0
         expected = (per_stream + 1) * self.concurrency
@@ -273,11 +285,12 @@ class _Level:
 
 
 async def run_level(
-    settings: CommonSettings, prefix: str, port: int, concurrency: int, cfg: BenchConfig
+    settings: CommonSettings, prefix: str, edge: Stack, concurrency: int, cfg: BenchConfig
 ) -> LevelResult:
     client = aioredis.Redis.from_url(settings.redis_url)
     writer = RespWriter(settings.redis_url, name="tw-bench-publisher")
-    level = _Level(settings, Names(prefix), port, concurrency, cfg, client, writer)
+    port, pid = edge.edge_ports["edge"], edge.procs["edge"].pid
+    level = _Level(settings, Names(prefix), port, concurrency, cfg, client, writer, pid)
     result = LevelResult(concurrency)
     try:
         await level.latency(result)
@@ -293,7 +306,8 @@ def _print_level(r: LevelResult) -> None:
         f"streams={r.concurrency:3d}  relayed {r.events_per_s:>9,.0f} events/s   "
         f"publish→client p50 {r.latency_ms['p50']:.3f} ms p99 {r.latency_ms['p99']:.3f} ms   "
         f"redis only p50 {r.redis_only_ms['p50']:.3f} p99 {r.redis_only_ms['p99']:.3f}   "
-        f"added by the edge p50 {r.added_ms['p50']:.3f} ms p99 {r.added_ms['p99']:.3f} ms",
+        f"added by the edge p50 {r.added_ms['p50']:.3f} ms p99 {r.added_ms['p99']:.3f} ms   "
+        f"edge CPU {r.cpu_us_per_event:.1f} us/event",
         flush=True,
     )
 
@@ -307,7 +321,7 @@ async def run(cfg: BenchConfig, out: Path | None) -> list[LevelResult]:
     results = []
     try:
         for c in cfg.concurrencies:
-            r = await run_level(settings, prefix, stack.edge_ports["edge"], c, cfg)
+            r = await run_level(settings, prefix, stack, c, cfg)
             results.append(r)
             _print_level(r)
     finally:
@@ -323,6 +337,16 @@ async def run(cfg: BenchConfig, out: Path | None) -> list[LevelResult]:
         )
         print(f"wrote {out}")
     return results
+
+
+def costs_of(results: list[LevelResult]) -> dict[str, Cost]:
+    """The top concurrency level's events/s and edge CPU per event, as costs."""
+    top = max(results, key=lambda r: r.concurrency)
+    note = f"{top.concurrency} streams, a flood of PUBLISHes from another process"
+    return {
+        "edge_events_per_s": measured(top.events_per_s, "events/s one edge relays", note),
+        "edge_cpu_us_per_event": measured(top.cpu_us_per_event, "us CPU per event", note),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -361,6 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the JSON report (default: reports/bench_edge.json; the edge's log goes to "
         "logs/ beside it)",
     )
+    p.add_argument(
+        "--costs",
+        default="",
+        metavar="PATH",
+        help="merge edge_events_per_s and edge_cpu_us_per_event (top level) into this costs "
+        "file, e.g. reports/costs.json",
+    )
     return p
 
 
@@ -370,7 +401,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = BenchConfig(tuple(args.concurrency), args.steps, args.step_ms, args.flood_events)
     if args.quick:
         cfg = BenchConfig(tuple(args.concurrency), 20, args.step_ms, 2_000)
-    asyncio.run(run(cfg, Path(args.out) if args.out else None))
+    results = asyncio.run(run(cfg, Path(args.out) if args.out else None))
+    if args.costs:
+        merge_costs(Path(args.costs), costs_of(results))
 
 
 if __name__ == "__main__":

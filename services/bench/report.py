@@ -179,3 +179,7 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         f"stages (mean): {json.dumps({k: v for k, v in s.items() if k != 'batch_size_cumulative'})}"
     )
+    cpu = next(r for r in report["closed_loop"] if r["concurrency"] == top)["cpu_us_per_token"]
+    print(
+        f"CPU per token at {top} streams (us): " + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items())
+    )

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from services import cli
-from services.bench import edge_bench
+from services.bench import edge_bench, infra_bench
 
 
 def test_bench_edge_takes_the_edge_benchmarks_options(capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,7 +37,7 @@ def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParse
 def test_every_option_of_every_subcommand_says_what_it_is() -> None:
     missing = [
         f"{p.prog} {'/'.join(a.option_strings) or a.dest}"
-        for root in (cli.build_parser(), edge_bench.build_parser())
+        for root in (cli.build_parser(), edge_bench.build_parser(), infra_bench.build_parser())
         for p in _parsers(root)
         for a in p._actions
         if not isinstance(a, argparse._SubParsersAction) and not (a.help or "").strip()
