@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from services.bench import cluster
 from services.bench.cluster import Stack, free_port
-from shared.messages import TokenEvent
+from shared.messages import Completion, TokenEvent
 from tests.conftest import ROOT
 
 
@@ -85,7 +85,30 @@ async def read_topic(
     return values
 
 
-__all__ = ["ROOT", "Stack", "StreamRecorder", "free_port", "make_stack", "produce", "read_topic"]
+async def completions(st: Stack, want: set[str], within_s: float) -> list[Completion]:
+    """Every Completion on the stack's completions topic once all of ``want`` have one,
+    after a pause that leaves a late duplicate time to show."""
+    boot, topic = st.env["TW_KAFKA_BOOTSTRAP"], st.names.completions
+
+    def complete(values: list[bytes]) -> bool:
+        return want <= {orjson.loads(v)["request_id"] for v in values}
+
+    await read_topic(boot, topic, complete, within_s)
+    await asyncio.sleep(1.0)
+    raw = await read_topic(boot, topic, lambda _: False, 3.0)
+    return [Completion.model_validate_json(v) for v in raw]
+
+
+__all__ = [
+    "ROOT",
+    "Stack",
+    "StreamRecorder",
+    "completions",
+    "free_port",
+    "make_stack",
+    "produce",
+    "read_topic",
+]
 
 
 async def dashboard_status(edge_url: str) -> dict[str, Any] | None:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 import redis.asyncio as aioredis
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -36,11 +35,16 @@ from aiokafka.errors import KafkaError
 
 from shared import token_stream
 from shared.kafka_io import make_admin
-from shared.messages import Completion, GenerateRequest
+from shared.messages import GenerateRequest
 from shared.producer import Producer
 from tests.conftest import new_prefix
 from tests.integration.conftest import ARTIFACTS
-from tests.integration.harness import Stack, StreamRecorder, make_stack, read_topic
+from tests.integration.harness import (
+    Stack,
+    StreamRecorder,
+    completions,
+    make_stack,
+)
 from tests.integration.servers import Server, private_kafka_cluster
 from tests.integration.test_handoff import FAST_FAILOVER, greedy_requests, reference_tokens
 from tests.integration.test_kafka_outage import (
@@ -151,20 +155,6 @@ async def produce_replies(
                 return
             accepted.append(await producer.submit(req))
             await asyncio.sleep(REPLY_EVERY_S)
-
-
-async def completions(st: Stack, want: set[str], within_s: float) -> list[Completion]:
-    """Every Completion on the reply topic once all of ``want`` have one, after a pause
-    that leaves a late duplicate time to show."""
-    boot, topic = st.env["TW_KAFKA_BOOTSTRAP"], st.names.completions
-
-    def complete(values: list[bytes]) -> bool:
-        return want <= {orjson.loads(v)["request_id"] for v in values}
-
-    await read_topic(boot, topic, complete, within_s)
-    await asyncio.sleep(1.0)
-    raw = await read_topic(boot, topic, lambda _: False, 3.0)
-    return [Completion.model_validate_json(v) for v in raw]
 
 
 async def check_logs(st: Stack, request_ids: list[str]) -> None:

@@ -40,7 +40,13 @@ from shared.messages import Completion, GenerateRequest
 from shared.settings import CommonSettings
 from tests.conftest import new_prefix
 from tests.integration.conftest import ARTIFACTS
-from tests.integration.harness import Stack, StreamRecorder, make_stack, produce, read_topic
+from tests.integration.harness import (
+    Stack,
+    StreamRecorder,
+    completions,
+    make_stack,
+    produce,
+)
 from tests.integration.servers import Server
 from tests.integration.test_handoff import FAST_FAILOVER, greedy_requests, reference_tokens
 
@@ -221,20 +227,6 @@ async def served_at_least(st: Stack, load: Load, n: int, within_s: float = 60) -
         st.check_alive()
         assert time.monotonic() < deadline, f"{len(load.served)} served, not {n}\n{st.logs()}"
         await asyncio.sleep(0.05)
-
-
-async def completions(stack: Stack, want: set[str], within_s: float) -> list[Completion]:
-    """Every Completion on the reply topic once all of ``want`` have one, after a pause
-    that leaves a late duplicate time to show."""
-    boot, topic = stack.env["TW_KAFKA_BOOTSTRAP"], stack.names.completions
-
-    def complete(values: list[bytes]) -> bool:
-        return want <= {orjson.loads(v)["request_id"] for v in values}
-
-    await read_topic(boot, topic, complete, within_s)
-    await asyncio.sleep(1.0)
-    raw = await read_topic(boot, topic, lambda _: False, 2.0)
-    return [Completion.model_validate_json(v) for v in raw]
 
 
 def undisturbed(model_dir: str, replies: list[GenerateRequest]) -> dict[str, list[int]]:
