@@ -114,9 +114,19 @@ def collect(outputs: list[StepOutput]) -> tuple[dict[str, list[int]], dict[str, 
     for o in outputs:
         assert o.error is None, o.error
         tokens.setdefault(o.request_id, []).extend(o.token_ids)
+        if o.logprobs is not None:
+            assert len(o.logprobs) == len(o.token_ids)
         if o.finish is not None:
             finals[o.request_id] = o
     return tokens, finals
+
+
+def logprobs_of(outputs: list[StepOutput]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for o in outputs:
+        for lp in o.logprobs or []:
+            out.setdefault(o.request_id, []).append(lp.logprob)
+    return out
 
 
 def extractive(rng: random.Random, vocab: int) -> list[int]:
@@ -129,14 +139,20 @@ def extractive(rng: random.Random, vocab: int) -> list[int]:
 def run(
     lm: tuple[Any, Any], requests: list[EngineRequest], spec: SpecConfig, **config: Any
 ) -> tuple[Engine, dict[str, list[int]], dict[str, StepOutput]]:
+    engine, outputs = run_outputs(lm, requests, spec, **config)
+    return engine, *collect(outputs)
+
+
+def run_outputs(
+    lm: tuple[Any, Any], requests: list[EngineRequest], spec: SpecConfig, **config: Any
+) -> tuple[Engine, list[StepOutput]]:
     model, tok = lm
     engine = Engine(model, tok, EngineConfig(speculation=spec, **config))
     outputs: list[StepOutput] = []
     for r in requests:  # a new request joins at every step
         engine.add_request(r)
         outputs += engine.step()
-    tokens, finals = collect(outputs + engine.run_until_idle())
-    return engine, tokens, finals
+    return engine, outputs + engine.run_until_idle()
 
 
 def mixed_requests(vocab: int, count: int, seed: int) -> list[EngineRequest]:
@@ -145,9 +161,7 @@ def mixed_requests(vocab: int, count: int, seed: int) -> list[EngineRequest]:
     rng = random.Random(seed)
     reqs = []
     for i in range(count):
-        prompt = (
-            extractive(rng, vocab) if i % 3 else [rng.randrange(3, vocab) for _ in range(20)]
-        )
+        prompt = extractive(rng, vocab) if i % 3 else [rng.randrange(3, vocab) for _ in range(20)]
         sampling = SamplingConfig()
         if i % 4 == 1:
             sampling = SamplingConfig(temperature=0.9, top_k=50, top_p=0.95, seed=i)
@@ -183,11 +197,12 @@ def mixed_requests(vocab: int, count: int, seed: int) -> list[EngineRequest]:
 
 def test_outputs_are_identical_with_and_without_speculation(lm: tuple[Any, Any]) -> None:
     vocab = lm[0].config.vocab_size
-    reqs = mixed_requests(vocab, 30, seed=11)
+    reqs = mixed_requests(vocab, 24, seed=11)
     cfg = {"kv_budget_tokens": 8192, "prefill_chunk": 32, "max_step_tokens": 256}
-    _, plain, plain_finals = run(lm, reqs, SpecConfig(), **cfg)
+    _, plain_out = run_outputs(lm, reqs, SpecConfig(), **cfg)
     # A cap below the peak batch: some steps speculate, others decode plainly.
-    engine, spec, spec_finals = run(lm, reqs, SpecConfig(k=4, max_n=3, max_running=12), **cfg)
+    engine, spec_out = run_outputs(lm, reqs, SpecConfig(k=4, max_n=3, max_running=10), **cfg)
+    (plain, plain_finals), (spec, spec_finals) = collect(plain_out), collect(spec_out)
     st = engine.stats
     assert st.spec_verifications > 0 and st.spec_accepted_tokens > 0
     assert st.spec_accepted_tokens < st.spec_draft_tokens  # some were rejected: rollback ran
@@ -196,26 +211,12 @@ def test_outputs_are_identical_with_and_without_speculation(lm: tuple[Any, Any])
         assert spec[rid] == plain[rid], rid
         a, b = spec_finals[rid], plain_finals[rid]
         assert (a.finish, a.completion_tokens) == (b.finish, b.completion_tokens), rid
-    lp_spec = _logprobs(run(lm, reqs, SpecConfig(k=4, max_n=3), **cfg)[0], reqs)
-    lp_plain = _logprobs(run(lm, reqs, SpecConfig(), **cfg)[0], reqs)
+    lp_spec, lp_plain = logprobs_of(spec_out), logprobs_of(plain_out)
     assert lp_spec.keys() == lp_plain.keys() and lp_spec
     for rid, values in lp_spec.items():
         assert len(values) == len(lp_plain[rid]) == len(plain[rid])
         assert values == pytest.approx(lp_plain[rid], abs=1e-4), rid
     assert engine.stats.kv_used_blocks == 0
-
-
-def _logprobs(engine: Engine, reqs: list[EngineRequest]) -> dict[str, list[float]]:
-    """Replays the requests that ask for log-probabilities on a fresh ``engine`` and
-    returns each one's reported values."""
-    out: dict[str, list[float]] = {}
-    for r in reqs:
-        if r.logprobs is not None:
-            engine.add_request(r)
-    for o in engine.run_until_idle():
-        for lp in o.logprobs or []:
-            out.setdefault(o.request_id, []).append(lp.logprob)
-    return out
 
 
 def test_preemption_in_the_middle_of_speculation_changes_nothing(lm: tuple[Any, Any]) -> None:
@@ -269,9 +270,7 @@ def test_speculation_turns_off_while_the_batch_is_full(lm: tuple[Any, Any]) -> N
     prompt = extractive(rng, model.config.vocab_size)
     engine = Engine(model, tok, EngineConfig(speculation=SpecConfig(k=4, max_running=2)))
     for i in range(6):  # they finish one after another: the batch shrinks below the cap
-        engine.add_request(
-            EngineRequest(f"r{i}", prompt, max_tokens=8 + 6 * i, ignore_eos=True)
-        )
+        engine.add_request(EngineRequest(f"r{i}", prompt, max_tokens=8 + 6 * i, ignore_eos=True))
     checked = 0
     while engine.has_work:
         running = len(engine.scheduler.running)
@@ -292,7 +291,12 @@ def test_sampling_with_drafts_keeps_the_target_distribution(lm: tuple[Any, Any])
     rng = random.Random(12)
     prompt = extractive(rng, model.config.vocab_size)
     sampling = SamplingConfig(temperature=1.5, top_k=8)
-    n = 800
+    # Led by the tokens most likely to follow it, so the likely first tokens recur in the
+    # prompt and a draft follows them.
+    with torch.inference_mode():
+        last = model(torch.tensor([prompt], device=model.device)).logits[0, -1]
+    prompt = last.topk(8).indices.tolist() + prompt
+    n = 600
     engine = Engine(
         model,
         tok,
@@ -302,7 +306,7 @@ def test_sampling_with_drafts_keeps_the_target_distribution(lm: tuple[Any, Any])
         s = SamplingConfig(temperature=1.5, top_k=8, seed=1000 + i)
         engine.add_request(EngineRequest(f"r{i}", prompt, max_tokens=3, sampling=s))
     tokens, _ = collect(engine.run_until_idle())
-    assert engine.stats.spec_verifications > n // 2  # most second tokens came from a draft
+    assert engine.stats.spec_verifications > n // 4  # many second tokens came from a draft
     firsts = [t[0] for t in tokens.values()]
     first = max(set(firsts), key=firsts.count)
     assert propose([*prompt, first], 3, 4)  # a draft follows this first token
