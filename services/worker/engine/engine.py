@@ -287,8 +287,8 @@ class Engine:
     def _run(self, plan: StepPlan) -> list[StepOutput]:
         logits: dict[str, torch.Tensor] = {}
         failed: dict[str, str] = {}
-        for group, every in _forward_groups(plan.work):
-            self._forward(group, logits, failed, every)
+        for group in _forward_groups(plan.work):
+            self._forward(group, logits, failed)
         outputs = [self._fail(self._live[rid], why) for rid, why in failed.items()]
         work = [w for w in plan.work if w.seq.request_id in logits]
         if not work:
@@ -406,15 +406,11 @@ class Engine:
         return out
 
     def _forward(
-        self,
-        group: list[Work],
-        logits: dict[str, torch.Tensor],
-        failed: dict[str, str],
-        every: bool = False,
+        self, group: list[Work], logits: dict[str, torch.Tensor], failed: dict[str, str]
     ) -> None:
-        """One forward pass over ``group`` (``every``: logits at every position, for
-        drafts); if it raises, its halves are retried until the request it fails on is
-        alone, and only that one fails."""
+        """One forward pass over ``group``; if it raises, its halves are retried until the
+        request it fails on is alone, and only that one fails. A group of drafts gets the
+        logits of every position (``_forward_groups`` keeps drafts apart)."""
         items = [
             RunItem(
                 (w.seq.all_ids + w.seq.draft)[
@@ -428,7 +424,10 @@ class Engine:
             for w in group
         ]
         try:
-            out = self.runner.forward(items, every_position=every)
+            if group[0].draft:
+                out = self.runner.forward(items, every_position=True)
+            else:
+                out = self.runner.forward(items)
         except Exception as exc:  # whatever the model's code raises: isolate it, never crash
             # A pass that failed part-way may have left rows' dense KV half written: those
             # rows are reloaded from the pool (its blocks are rewritten by the retry).
@@ -439,8 +438,8 @@ class Engine:
                 failed[rid] = f"the forward pass failed: {exc}"
                 return
             half = len(group) // 2
-            self._forward(group[:half], logits, failed, every)
-            self._forward(group[half:], logits, failed, every)
+            self._forward(group[:half], logits, failed)
+            self._forward(group[half:], logits, failed)
             return
         for w, row in zip(group, out, strict=True):
             if w.samples:
@@ -564,24 +563,24 @@ class Engine:
 _MAX_PADDING = 1.25
 
 
-def _forward_groups(work: list[Work]) -> list[tuple[list[Work], bool]]:
-    """Split a step's work into forward passes, each with whether it needs the logits of
-    every position: all plain decodes in one batched pass, all decodes with a draft in
-    another, prefill chunks batched together while padding to the longest costs little."""
+def _forward_groups(work: list[Work]) -> list[list[Work]]:
+    """Split a step's work into forward passes: all plain decodes in one batched pass, all
+    decodes with a draft in another (it needs the logits of every position), prefill chunks
+    batched together while padding to the longest costs little."""
     decode = [w for w in work if w.num_tokens == 1]
     drafts = [w for w in work if w.draft]
     prefill = sorted(
         (w for w in work if w.num_tokens > 1 and not w.draft), key=lambda w: -w.num_tokens
     )
-    groups = [(g, g is drafts) for g in (decode, drafts) if g]
+    groups = [g for g in (decode, drafts) if g]
     batch: list[Work] = []
     for w in prefill:
         if batch and not _pads_little([*batch, w]):
-            groups.append((batch, False))
+            groups.append(batch)
             batch = []
         batch.append(w)
     if batch:
-        groups.append((batch, False))
+        groups.append(batch)
     return groups
 
 
