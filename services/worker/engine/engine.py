@@ -409,8 +409,8 @@ class Engine:
         self, group: list[Work], logits: dict[str, torch.Tensor], failed: dict[str, str]
     ) -> None:
         """One forward pass over ``group``; if it raises, its halves are retried until the
-        request it fails on is alone, and only that one fails. A group of drafts gets the
-        logits of every position (``_forward_groups`` keeps drafts apart)."""
+        request it fails on is alone, and only that one fails. A group with drafts gets
+        the logits of every position of the rows that carry one."""
         items = [
             RunItem(
                 (w.seq.all_ids + w.seq.draft)[
@@ -424,7 +424,8 @@ class Engine:
             for w in group
         ]
         try:
-            if group[0].draft:
+            every = any(w.draft for w in group)
+            if every:
                 out = self.runner.forward(items, every_position=True)
             else:
                 out = self.runner.forward(items)
@@ -443,7 +444,7 @@ class Engine:
             return
         for w, row in zip(group, out, strict=True):
             if w.samples:
-                logits[w.seq.request_id] = row
+                logits[w.seq.request_id] = row if w.draft or not every else row[w.num_tokens - 1]
             if not (w.samples and w.num_tokens - w.draft == 1 and w.seq.output_ids):
                 self.stats.prefilled_tokens += w.num_tokens
 
@@ -564,15 +565,15 @@ _MAX_PADDING = 1.25
 
 
 def _forward_groups(work: list[Work]) -> list[list[Work]]:
-    """Split a step's work into forward passes: all plain decodes in one batched pass, all
-    decodes with a draft in another (it needs the logits of every position), prefill chunks
-    batched together while padding to the longest costs little."""
-    decode = [w for w in work if w.num_tokens == 1]
-    drafts = [w for w in work if w.draft]
+    """Split a step's work into forward passes: all decodes in one batched pass (with the
+    logits of every position when some carry a draft: plain decodes ride along as rows of
+    one token rather than pay a pass over the weights of their own), prefill chunks batched
+    together while padding to the longest costs little."""
+    decode = [w for w in work if w.num_tokens == 1 or w.draft]
     prefill = sorted(
         (w for w in work if w.num_tokens > 1 and not w.draft), key=lambda w: -w.num_tokens
     )
-    groups = [g for g in (decode, drafts) if g]
+    groups = [decode] if decode else []
     batch: list[Work] = []
     for w in prefill:
         if batch and not _pads_little([*batch, w]):
