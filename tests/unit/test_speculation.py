@@ -341,3 +341,18 @@ def _chi2_critical(dof: int) -> float:
     """The chi-square quantile at 0.999 (Wilson-Hilferty)."""
     z = 3.090
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def test_worker_metrics_count_drafts_and_accepted_tokens() -> None:
+    from services.worker.engine.engine import EngineStats
+    from services.worker.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics("w")
+    stats = EngineStats(spec_verifications=3, spec_draft_tokens=12, spec_accepted_tokens=5)
+    metrics.refresh(stats, 0)
+    stats.spec_verifications, stats.spec_draft_tokens, stats.spec_accepted_tokens = 4, 16, 7
+    metrics.refresh(stats, 0)
+    value = metrics.registry.get_sample_value
+    assert value("tw_spec_verifications_total") == 4
+    assert value("tw_spec_draft_tokens_total") == 16
+    assert value("tw_spec_accepted_tokens_total") == 7
