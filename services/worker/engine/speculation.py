@@ -20,7 +20,13 @@ class SpecConfig:
     ``k`` draft tokens at most per step (0: speculation off), from a match of the last
     ``max_n`` tokens down to the last ``min_n``; with more than ``max_running`` sequences
     running nobody speculates: a full batch already spends each weight pass on many tokens,
-    and the drafts' extra positions would only widen it."""
+    and the drafts' extra positions would only widen it.
+
+    Off unless asked for: a rejected draft still widens its step (the verifying pass reads
+    the whole context from the KV pool instead of the decode rows' dense copies), and on the
+    embedded tiny model the drafts of extractive prompts are accepted about one token in
+    three to five, for a gain of 1.1x to 1.25x at one request; a workload that copies more
+    (code edits, quoting) turns it on with ``TW_SPEC_NGRAM_K``."""
 
     k: int = 0
     max_n: int = 4
