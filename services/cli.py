@@ -58,6 +58,7 @@ def cmd_worker(_: argparse.Namespace) -> None:
 
     from services.worker.config import WorkerSettings
     from services.worker.engine.engine import EngineConfig
+    from services.worker.engine.speculation import SpecConfig
     from services.worker.runtime import EngineProcess, EngineSpec
     from services.worker.service import WorkerService
 
@@ -79,6 +80,11 @@ def cmd_worker(_: argparse.Namespace) -> None:
             max_step_tokens=settings.max_step_tokens,
             prefill_chunk=settings.prefill_chunk,
             enable_prefix_cache=settings.prefix_cache,
+            speculation=SpecConfig(
+                k=settings.spec_ngram_k,
+                max_n=settings.spec_ngram_max_n,
+                max_running=settings.spec_max_running,
+            ),
         ),
         log_level=settings.log_level,
     )

@@ -5,7 +5,8 @@ ignored) for ``generate`` one request at a time, ``generate`` on static batches,
 transformers' continuous batching (``generate_batch``) and this engine; the engine's TTFT;
 a shared-prefix workload with the prefix cache on and off; and requests asking for
 log-probabilities, with penalties and logit biases, or constrained to a JSON schema,
-against the same requests plain.
+against the same requests plain; and n-gram speculation against none, for one request on
+extractive prompts (the answer copies from the prompt) and for a batch of the chat mix.
 """
 
 from __future__ import annotations
@@ -15,16 +16,18 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from services.bench.stats import pct
+from services.bench.workload import WORDS, Mix, Workload
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
 from services.worker.engine.grammar import GrammarCache
 from services.worker.engine.sampler import SamplingConfig
+from services.worker.engine.speculation import SpecConfig
 
 
 @dataclass
@@ -40,6 +43,9 @@ class BenchConfig:
     prefix_requests: int = 16
     prefix_new_tokens: int = 32
     with_generate_batch: bool = True
+    spec_k: int = 4  # n-gram speculation's draft tokens in its figure
+    spec_prompts: int = 3  # extractive prompts, served one at a time
+    spec_batch: int = 32  # the chat mix's concurrent requests
     seed: int = 0
 
 
@@ -55,6 +61,7 @@ class Report:
     throughput: list[dict[str, Any]] = field(default_factory=list)
     prefix: dict[str, Any] = field(default_factory=dict)
     features: dict[str, Any] = field(default_factory=dict)
+    speculation: dict[str, Any] = field(default_factory=dict)
 
 
 def _prompts(
@@ -198,6 +205,8 @@ def run(
     print(json.dumps(rep.prefix))
     rep.features = _features(model, tok, cfg, ecfg, rng)
     print(json.dumps(rep.features))
+    rep.speculation = speculation(model, tok, cfg, ecfg)
+    print(json.dumps(rep.speculation))
     print_table(rep)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -255,9 +264,7 @@ def _prefix_cache(
     warm_req = prefix + [rng.randrange(3, vocab) for _ in range(cfg.suffix_len)]
     out: dict[str, Any] = {}
     for on in (True, False):
-        pc = EngineConfig(
-            **{**asdict(ecfg), "enable_prefix_cache": on, "kv_budget_tokens": 64 * 1024}
-        )
+        pc = replace(ecfg, enable_prefix_cache=on, kv_budget_tokens=64 * 1024)
         ttft = engine_sequential_ttft(model, tok, shared[:8], pc, warm_req)
         tps, _ = engine_run(model, tok, shared, cfg.prefix_new_tokens, pc)
         key = "cache_on" if on else "cache_off"
@@ -314,6 +321,69 @@ def _features(
         "penalties_vs_plain_paired": _paired(penalized, plain),
     }
     return {**row, **_constrained(model, tok, cfg, ecfg, prompts)}
+
+
+def speculation(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str, Any]:
+    """N-gram speculation (``cfg.spec_k`` drafts, the engine's default load cap) against
+    none, greedy, in alternating rounds: one request at a time on extractive prompts, and
+    ``cfg.spec_batch`` requests of the chat mix at once (speculation is off while the batch
+    is fuller than the cap, then on for its tail)."""
+    spec = replace(ecfg, speculation=SpecConfig(k=cfg.spec_k))
+    rng = random.Random(cfg.seed + 1)
+    extractive = [
+        tok(_extractive_text(rng, cfg.prompt_len))["input_ids"] for _ in range(cfg.spec_prompts)
+    ]
+    mix = Mix(Workload(output_tokens=(max(1, cfg.new_tokens // 4), cfg.new_tokens), seed=cfg.seed))
+    chat = [mix.body() for _ in range(cfg.spec_batch)]
+    chat_prompts = [tok(b["prompt"])["input_ids"] for b in chat]
+    chat_new = [int(b["max_tokens"]) for b in chat]
+
+    def one_at_a_time(c: EngineConfig) -> tuple[float, Engine]:
+        engine = Engine(model, tok, c)
+        t0 = time.perf_counter()
+        for i, p in enumerate(extractive):
+            engine.add_request(
+                EngineRequest(f"x{i}", p, max_tokens=cfg.new_tokens, ignore_eos=True)
+            )
+            engine.run_until_idle()
+        return engine.stats.decoded_tokens / (time.perf_counter() - t0), engine
+
+    def batch(c: EngineConfig) -> tuple[float, Engine]:
+        engine = Engine(model, tok, c)
+        t0 = time.perf_counter()
+        for i, (p, n) in enumerate(zip(chat_prompts, chat_new, strict=True)):
+            engine.add_request(EngineRequest(f"c{i}", p, max_tokens=n, ignore_eos=True))
+        engine.run_until_idle()
+        return engine.stats.decoded_tokens / (time.perf_counter() - t0), engine
+
+    out: dict[str, Any] = {"k": cfg.spec_k, "max_running": spec.speculation.max_running}
+    for name, fn in (("extractive_1", one_at_a_time), ("chat_mix_" + str(cfg.spec_batch), batch)):
+        on: list[float] = []
+        off: list[float] = []
+        engine = None
+        for r in range(FEATURE_ROUNDS):
+            for with_spec in (r % 2 == 0, r % 2 == 1):
+                rate, e = fn(spec if with_spec else ecfg)
+                (on if with_spec else off).append(rate)
+                engine = e if with_spec else engine
+        assert engine is not None
+        st = engine.stats
+        out[name] = {
+            "spec_tok_s": statistics.median(on),
+            "plain_tok_s": statistics.median(off),
+            "spec_vs_plain": statistics.median(on) / statistics.median(off),
+            "spec_vs_plain_paired": _paired(on, off),
+            "acceptance_rate": st.spec_accepted_tokens / max(1, st.spec_draft_tokens),
+            "mean_accepted": st.spec_accepted_tokens / max(1, st.spec_verifications),
+            "verifications": st.spec_verifications,
+        }
+    return out
+
+
+def _extractive_text(rng: random.Random, words: int) -> str:
+    """An instruction to repeat a passage, the passage, and the start of its copy."""
+    passage = " ".join(rng.choices(WORDS, k=words))
+    return f"Repeat the following text exactly.\nText: {passage}\nRepeated: {passage[:40]}"
 
 
 def _paired(runs: list[float], base: list[float]) -> float:
@@ -400,6 +470,23 @@ def print_table(rep: Report) -> None:
         f"{p['cache_on']['ttft_p50_ms']:.1f} ms cached vs {p['cache_off']['ttft_p50_ms']:.1f} ms uncached "
         f"({100 * p['ttft_ratio_on_vs_off']:.0f}%); {f(p['cache_on']['tok_s'])} vs {f(p['cache_off']['tok_s'])} tok/s"
     )
+    sp = rep.speculation
+    if sp:
+        for key, what in (
+            ("extractive_1", "1 request, extractive prompts"),
+            (
+                f"chat_mix_{rep.config['spec_batch']}",
+                f"{rep.config['spec_batch']} requests, chat mix",
+            ),
+        ):
+            r = sp[key]
+            print(
+                f"n-gram speculation (k={sp['k']}, off above {sp['max_running']} running), {what}: "
+                f"{f(r['spec_tok_s'])} vs {f(r['plain_tok_s'])} tok/s without "
+                f"({r['spec_vs_plain']:.2f}x, paired rounds {r['spec_vs_plain_paired']:.2f}x); "
+                f"acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "
+                f"{r['mean_accepted']:.2f} tokens over {r['verifications']} drafts"
+            )
     ft = rep.features
     if ft:
         print(

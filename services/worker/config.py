@@ -52,6 +52,21 @@ class WorkerSettings(FleetSettings):
     prefix_cache: bool = Field(
         True, description="reuse the cached KV blocks of prompts' shared prefixes"
     )
+    spec_ngram_k: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="n-gram speculation: draft tokens a decoding request guesses per step from "
+        "its own prompt and output, verified in the same pass (0: off)",
+    )
+    spec_ngram_max_n: int = Field(
+        4, ge=1, le=16, description="n-gram speculation: the longest suffix matched (down to 1)"
+    )
+    spec_max_running: int = Field(
+        8,
+        ge=0,
+        description="n-gram speculation stops while more sequences than this are running",
+    )
     max_waiting: int = Field(256, ge=1, description="pause Kafka consumption above this")
     heartbeat_interval_s: float = Field(
         1.0, gt=0, description="time between heartbeats (one also goes out when requests end)"

@@ -28,6 +28,7 @@ class WorkerMetrics:
         self._preempted_seen = 0
         self._prefilled_seen = 0
         self._steps_seen = 0
+        self._spec_seen = (0, 0, 0)
         self._busy_seen = 0.0
         self._last_event: dict[str, float] = {}
 
@@ -79,6 +80,18 @@ class WorkerMetrics:
         self.steps = Counter("tw_engine_steps", "engine steps (one forward pass each)", registry=r)
         self.busy = Counter(
             "tw_engine_busy_seconds", "time the engine spent in steps (utilization)", registry=r
+        )
+        self.spec_drafts = Counter(
+            "tw_spec_verifications", "decode steps of a request that verified a draft", registry=r
+        )
+        self.spec_draft_tokens = Counter(
+            "tw_spec_draft_tokens", "draft tokens proposed by n-gram speculation", registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            "tw_spec_accepted_tokens",
+            "draft tokens the model agreed with (acceptance rate: over tw_spec_draft_tokens; "
+            "mean accepted length: over tw_spec_verifications)",
+            registry=r,
         )
         self.running = Gauge("tw_requests_running", "sequences running in the engine", registry=r)
         self.waiting = Gauge("tw_requests_waiting", "sequences waiting in the engine", registry=r)
@@ -156,6 +169,14 @@ class WorkerMetrics:
         self._preempted_seen = stats.preemptions
         self.prefilled.inc(stats.prefilled_tokens - self._prefilled_seen)
         self._prefilled_seen = stats.prefilled_tokens
+        self.spec_drafts.inc(stats.spec_verifications - self._spec_seen[0])
+        self.spec_draft_tokens.inc(stats.spec_draft_tokens - self._spec_seen[1])
+        self.spec_accepted_tokens.inc(stats.spec_accepted_tokens - self._spec_seen[2])
+        self._spec_seen = (
+            stats.spec_verifications,
+            stats.spec_draft_tokens,
+            stats.spec_accepted_tokens,
+        )
         self.steps.inc(stats.steps - self._steps_seen)
         self._steps_seen = stats.steps
         self.busy.inc(stats.step_seconds - self._busy_seen)

@@ -43,6 +43,7 @@ EXPOSED = {
         "tw_requests_running",
         "tw_worker_consumer_lag",
         "tw_preemptions_total",
+        "tw_spec_draft_tokens_total",
     ],
     "batcher": [
         "tw_batcher_queue_depth",

@@ -22,8 +22,9 @@ from services.worker.engine.grammar import (
 from services.worker.engine.kv_cache import kv_cache_for
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import SeqState, Status
-from services.worker.engine.sampler import SamplingConfig, adjust, make_generator, sample
+from services.worker.engine.sampler import Picker, SamplingConfig, adjust, make_generator
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig, StepPlan, Work
+from services.worker.engine.speculation import SpecConfig, propose
 from services.worker.engine.text import TextStream
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class EngineConfig:
     max_step_tokens: int = 1024
     prefill_chunk: int = 256
     enable_prefix_cache: bool = True
+    speculation: SpecConfig = field(default_factory=SpecConfig)  # n-gram drafts (k 0: off)
 
 
 @dataclass(slots=True)
@@ -110,6 +112,9 @@ class EngineStats:
     preemptions: int = 0
     finished: int = 0
     request_errors: int = 0  # requests ended by a failure of their own in a step
+    spec_verifications: int = 0  # decodes that carried a draft
+    spec_draft_tokens: int = 0  # draft tokens proposed and verified
+    spec_accepted_tokens: int = 0  # of those, the ones the model agreed with
     step_seconds: float = 0.0
 
     @property
@@ -191,6 +196,7 @@ class Engine:
         """Drain the inbox, run one scheduled forward pass, and return every request's output."""
         t0 = time.perf_counter()
         outputs = self._drain_inbox()
+        self._propose()
         plan = self.scheduler.schedule()
         self.stats.preemptions += len(plan.preempted)
         if not plan.empty:
@@ -261,33 +267,117 @@ class Engine:
         self.scheduler.finish(live.seq, Status.FINISHED_ABORTED)
         return self._final_output(live, [], "", Status.FINISHED_ABORTED)
 
+    def _propose(self) -> None:
+        """Give each decoding request that may speculate this step's draft: the n-gram
+        guess from its own tokens, none while the batch is fuller than the setting's cap."""
+        spec = self.config.speculation
+        if not spec.enabled:
+            return
+        on = spec.active(len(self.scheduler.running))
+        for seq in self.scheduler.running:
+            seq.draft = []
+            live = self._live.get(seq.request_id)
+            if not on or seq.in_prefill or live is None or not _speculates(live):
+                continue
+            # The verifying step adds a token of its own after the accepted ones.
+            room = min(spec.k, seq.max_tokens - len(seq.output_ids) - 1)
+            if room > 0:
+                seq.draft = propose(seq.all_ids, room, spec.max_n, spec.min_n)
+
     def _run(self, plan: StepPlan) -> list[StepOutput]:
         logits: dict[str, torch.Tensor] = {}
         failed: dict[str, str] = {}
         for group in _forward_groups(plan.work):
             self._forward(group, logits, failed)
         outputs = [self._fail(self._live[rid], why) for rid, why in failed.items()]
-        self.scheduler.complete(plan)  # the failed ones are finished: it skips them
-        sampled = [w.seq.request_id for w in plan.work if w.seq.request_id in logits]
-        if not sampled:
+        work = [w for w in plan.work if w.seq.request_id in logits]
+        if not work:
+            self.scheduler.complete(plan)  # the failed ones are finished: it skips them
             return outputs
-        lives = [self._live[r] for r in sampled]
-        stacked = torch.stack([logits[r] for r in sampled])
-        wanted = [i for i, lv in enumerate(lives) if lv.req.logprobs is not None]
+        lives = [self._live[w.seq.request_id] for w in work]
+        tokens, reported = self._pick(work, lives, logits)
+        accepted = {
+            w.seq.request_id: len(toks) - 1 for w, toks in zip(work, tokens, strict=True) if w.draft
+        }
+        # Before the tokens are emitted (which may finish a request and free its KV), so
+        # the step's full blocks reach the prefix cache.
+        self.scheduler.complete(plan, accepted)
+        for w, lv, toks, lps in zip(work, lives, tokens, reported, strict=True):
+            self._count_draft(w, toks)
+            outputs.append(self._emit_all(lv, toks, lps))
+        return outputs
+
+    def _pick(
+        self, work: list[Work], lives: list[_Live], logits: dict[str, torch.Tensor]
+    ) -> tuple[list[list[int | None]], list[list[TokenLogprobs] | None]]:
+        """Each work's tokens and, when asked for, their log-probabilities. A work with a
+        draft has a row of logits per draft token and one after them: row ``j`` is sampled
+        as a decode after the draft's first ``j`` tokens would be, in order, until a token
+        differs from the draft's. Kept are the draft tokens that matched, and the token
+        that differed (or the one after the whole draft).
+
+        Drawing the target's own token and comparing is the rejection rule for a draft that
+        is one token ``t`` for sure: ``t`` is kept with probability ``p(t)`` and otherwise
+        the token comes from ``p`` without ``t``, renormalized. Each row takes from the
+        request's generator just what a decode takes, so a request's tokens are the same
+        with and without speculation, for greedy and seeded sampling alike."""
+        rows: list[torch.Tensor] = []
+        row_lives: list[_Live] = []
+        row_drafts: list[list[int]] = []  # the draft tokens before each row
+        first: list[int] = []  # each work's first row
+        for w, lv in zip(work, lives, strict=True):
+            out = logits[w.seq.request_id]
+            first.append(len(row_lives))
+            rows.append(out[w.num_tokens - w.draft - 1 : w.num_tokens] if w.draft else out[None])
+            row_lives += [lv] * (w.draft + 1)
+            row_drafts += [w.seq.draft[:j] for j in range(w.draft + 1)]
+        stacked = torch.cat(rows)
+        wanted = [i for i, lv in enumerate(row_lives) if lv.req.logprobs is not None]
         # From the model's own distribution, before holds and sampling filters.
         logprobs = torch.log_softmax(stacked[wanted].float(), dim=-1) if wanted else None
-        tokens = self._sample(stacked, lives)
-        self.stats.decoded_tokens += len(tokens)
-        reported = self._logprobs(logprobs, wanted, lives, tokens)
-        for i, (lv, tok) in enumerate(zip(lives, tokens, strict=True)):
+        picker = self._sample(stacked, row_lives, row_drafts)
+        tokens: list[list[int | None]] = []
+        row_tokens: list[int | None] = [None] * len(row_lives)
+        for w, lv, at in zip(work, lives, first, strict=True):
+            toks: list[int | None] = []
+            for j in range(w.draft + 1):
+                tok = row_tokens[at + j] = picker.pick(at + j, lv.generator)
+                toks.append(tok)
+                if tok is None or (j < w.draft and tok != w.seq.draft[j]):
+                    break
+            tokens.append(toks)
+        reported = self._logprobs(logprobs, wanted, row_lives, row_tokens)
+        lps = [
+            [reported[at + j] for j in range(len(toks))] if lv.req.logprobs is not None else None
+            for lv, toks, at in zip(lives, tokens, first, strict=True)
+        ]
+        return tokens, lps
+
+    def _count_draft(self, w: Work, tokens: list[int | None]) -> None:
+        self.stats.decoded_tokens += sum(t is not None for t in tokens)
+        if w.draft:
+            self.stats.spec_verifications += 1
+            self.stats.spec_draft_tokens += w.draft
+            self.stats.spec_accepted_tokens += len(tokens) - 1
+
+    def _emit_all(
+        self, live: _Live, tokens: list[int | None], logprobs: list[TokenLogprobs] | None
+    ) -> StepOutput:
+        """Emit a step's tokens of one request in order, as one output; a finish (a stop,
+        the length) drops the tokens after it."""
+        merged: StepOutput | None = None
+        for i, tok in enumerate(tokens):
             if tok is None:
-                outputs.append(self._fail(lv, "the model produced non-finite logits"))
-                continue
-            out = self._emit(lv, tok)
-            if i in reported and out.error is None:
-                out = replace(out, logprobs=[reported[i]])
-            outputs.append(out)
-        return outputs
+                out = self._fail(live, "the model produced non-finite logits")
+            else:
+                out = self._emit(live, tok)
+                if logprobs is not None and out.error is None:
+                    out = replace(out, logprobs=[logprobs[i]])
+            merged = out if merged is None else _joined(merged, out)
+            if out.finish is not None:
+                break
+        assert merged is not None  # a work has at least one token
+        return merged
 
     def _logprobs(
         self,
@@ -319,10 +409,13 @@ class Engine:
         self, group: list[Work], logits: dict[str, torch.Tensor], failed: dict[str, str]
     ) -> None:
         """One forward pass over ``group``; if it raises, its halves are retried until the
-        request it fails on is alone, and only that one fails."""
+        request it fails on is alone, and only that one fails. A group with drafts gets
+        the logits of every position of the rows that carry one."""
         items = [
             RunItem(
-                w.seq.all_ids[w.seq.num_computed : w.seq.num_computed + w.num_tokens],
+                (w.seq.all_ids + w.seq.draft)[
+                    w.seq.num_computed : w.seq.num_computed + w.num_tokens
+                ],
                 w.seq.num_computed,
                 self.kv.table(w.seq.request_id).block_ids,
                 # Unique per admission, so a reused request id never meets stale KV.
@@ -331,7 +424,11 @@ class Engine:
             for w in group
         ]
         try:
-            out = self.runner.forward(items)
+            every = any(w.draft for w in group)
+            if every:
+                out = self.runner.forward(items, every_position=True)
+            else:
+                out = self.runner.forward(items)
         except Exception as exc:  # whatever the model's code raises: isolate it, never crash
             # A pass that failed part-way may have left rows' dense KV half written: those
             # rows are reloaded from the pool (its blocks are rewritten by the retry).
@@ -347,35 +444,43 @@ class Engine:
             return
         for w, row in zip(group, out, strict=True):
             if w.samples:
-                logits[w.seq.request_id] = row
-            if not (w.samples and w.num_tokens == 1 and w.seq.output_ids):
+                logits[w.seq.request_id] = row if w.draft or not every else row[w.num_tokens - 1]
+            if not (w.samples and w.num_tokens - w.draft == 1 and w.seq.output_ids):
                 self.stats.prefilled_tokens += w.num_tokens
 
-    def _sample(self, logits: torch.Tensor, lives: list[_Live]) -> list[int | None]:
+    def _sample(self, logits: torch.Tensor, lives: list[_Live], drafts: list[list[int]]) -> Picker:
+        """Each row's distribution after the request's processors, row ``i`` as if
+        ``drafts[i]`` had been generated already (speculation's rows)."""
         configs = [lv.req.sampling for lv in lives]
         if any(c.adjusts for c in configs):
             adjust(
                 logits,
                 configs,
                 [lv.seq.prompt_ids for lv in lives],
-                [lv.seq.output_ids for lv in lives],
+                [
+                    lv.seq.output_ids + d if d else lv.seq.output_ids
+                    for lv, d in zip(lives, drafts, strict=True)
+                ],
             )
-        self._hold_stops(logits, lives)
+        self._hold_stops(logits, lives, drafts)
         apply_constraints(
             logits, [(i, lv.constraint) for i, lv in enumerate(lives) if lv.constraint]
         )
-        return sample(logits, [lv.req.sampling for lv in lives], [lv.generator for lv in lives])
+        return Picker(logits, configs)
 
-    def _hold_stops(self, logits: torch.Tensor, lives: list[_Live]) -> None:
+    def _hold_stops(
+        self, logits: torch.Tensor, lives: list[_Live], drafts: list[list[int]]
+    ) -> None:
         """Rows short of their ``min_tokens`` cannot pick a stop id (EOS, stop token ids):
         one indexed write over the few (row, id) pairs, as Hugging Face's min-new-tokens
         processor does."""
         rows: list[int] = []
         cols: list[int] = []
-        for i, lv in enumerate(lives):
+        for i, (lv, draft) in enumerate(zip(lives, drafts, strict=True)):
             # A grammar decides when its output may end: holding EOS past its completion
             # would leave the row nothing to pick.
-            if lv.constraint is None and len(lv.seq.output_ids) < lv.req.min_tokens:
+            made = len(lv.seq.output_ids) + len(draft)
+            if lv.constraint is None and made < lv.req.min_tokens:
                 ids = [t for t in lv.stop_ids if t < self.vocab_size]
                 rows += [i] * len(ids)
                 cols += ids
@@ -460,10 +565,14 @@ _MAX_PADDING = 1.25
 
 
 def _forward_groups(work: list[Work]) -> list[list[Work]]:
-    """Split a step's work into forward passes: all decodes in one batched pass, prefill
-    chunks batched together while padding to the longest costs little."""
-    decode = [w for w in work if w.num_tokens == 1]
-    prefill = sorted((w for w in work if w.num_tokens > 1), key=lambda w: -w.num_tokens)
+    """Split a step's work into forward passes: all decodes in one batched pass (with the
+    logits of every position when some carry a draft: plain decodes ride along as rows of
+    one token rather than pay a pass over the weights of their own), prefill chunks batched
+    together while padding to the longest costs little."""
+    decode = [w for w in work if w.num_tokens == 1 or w.draft]
+    prefill = sorted(
+        (w for w in work if w.num_tokens > 1 and not w.draft), key=lambda w: -w.num_tokens
+    )
     groups = [decode] if decode else []
     batch: list[Work] = []
     for w in prefill:
@@ -474,6 +583,22 @@ def _forward_groups(work: list[Work]) -> list[list[Work]]:
     if batch:
         groups.append(batch)
     return groups
+
+
+def _speculates(live: _Live) -> bool:
+    """Whether a request may carry drafts. Not under an output structure: its grammar's
+    state would have to advance through each draft token and back."""
+    return live.constraint is None
+
+
+def _joined(a: StepOutput, b: StepOutput) -> StepOutput:
+    """Two successive outputs of one request as one (``b``'s finish and counts)."""
+    lps = (
+        None
+        if a.logprobs is None and b.logprobs is None
+        else (a.logprobs or []) + (b.logprobs or [])
+    )
+    return replace(b, token_ids=a.token_ids + b.token_ids, text=a.text + b.text, logprobs=lps)
 
 
 def _pads_little(batch: list[Work]) -> bool:

@@ -390,6 +390,18 @@ class KVCacheManager:
                     table[i] = HOLE
             self._pool.note_usage()
 
+    def truncate(self, seq_id: str, num_tokens: int) -> None:
+        """Shrink the sequence's table to the blocks its first ``num_tokens`` tokens take
+        (speculation's rollback): the blocks past them held only rejected draft tokens,
+        never registered in the prefix cache, and go back to the pool."""
+        table = self._tables[seq_id]
+        keep = self.blocks_for(num_tokens)
+        while len(table) > keep:
+            bid = table.pop()
+            if bid != HOLE:
+                self._pool.unref(bid)
+        self._pool.note_usage()
+
     def free(self, seq_id: str) -> None:
         """Release the sequence's blocks; full ones stay cached until evicted."""
         for bid in reversed(self._tables.pop(seq_id, [])):
@@ -416,6 +428,7 @@ class KVCache(Protocol):
     def can_allocate(self, seq_id: str, token_ids: Sequence[int], upto: int) -> bool: ...
     def allocate(self, seq_id: str, token_ids: Sequence[int], upto: int) -> int: ...
     def commit(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None: ...
+    def truncate(self, seq_id: str, num_tokens: int) -> None: ...
     def free(self, seq_id: str) -> None: ...
     def max_blocks(self, num_tokens: int, chunk: int) -> int: ...
 
@@ -532,6 +545,10 @@ class LayerGroupsKV:
     def commit(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None:
         for g in self.groups:
             g.commit(seq_id, token_ids, num_computed)
+
+    def truncate(self, seq_id: str, num_tokens: int) -> None:
+        for g in self.groups:
+            g.truncate(seq_id, num_tokens)
 
     def free(self, seq_id: str) -> None:
         for g in self.groups:

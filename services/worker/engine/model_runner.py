@@ -436,8 +436,12 @@ class ModelRunner:
         self._slots.release()
 
     @torch.inference_mode()
-    def forward(self, items: Sequence[RunItem]) -> torch.Tensor:
-        """Logits of the last token of each item, shape ``[len(items), vocab]``."""
+    def forward(self, items: Sequence[RunItem], every_position: bool = False) -> torch.Tensor:
+        """Logits of the last token of each item, shape ``[len(items), vocab]``; with
+        ``every_position``, of each of its tokens, ``[len(items), longest, vocab]`` (rows
+        padded at the end: speculation's verification reads one per draft token)."""
+        if every_position:
+            return self._prefill(items, every_position=True)
         if all(len(it.token_ids) == 1 and it.row_key is not None for it in items):
             slot = self._slots.place(
                 items, (self.k_pool, self.v_pool), self.k_pool[0], self._tables
@@ -477,7 +481,7 @@ class ModelRunner:
         logits = self._run(ids_t.view(rows, 1), pos_t.view(rows, 1), kv_len, cache, 1)[:, 0]
         return logits.float()[torch.tensor(slot, device=dev)]
 
-    def _prefill(self, items: Sequence[RunItem]) -> torch.Tensor:
+    def _prefill(self, items: Sequence[RunItem], every_position: bool = False) -> torch.Tensor:
         """Rows of several tokens each (any mix), padded to the longest."""
         dev, bs = self.device, self.block_size
         rows = len(items)
@@ -512,6 +516,8 @@ class ModelRunner:
             None if fresh else [table.to(dev) for table in by_group],
             kv_len,
         )
+        if every_position:  # 0: the model's logits at every position
+            return self._run(input_ids.to(dev), positions.to(dev), kv_len, cache, 0).float()
         keep = (lens_t - 1).view(rows, 1).to(dev)  # each row's last token
         logits = self._run(input_ids.to(dev), positions.to(dev), kv_len, cache, keep)[:, 0]
         return logits.float()

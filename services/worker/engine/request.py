@@ -28,7 +28,9 @@ class SeqState:
 
     ``num_computed`` counts tokens whose KV is in the cache. A step processes the next
     ``n`` uncomputed tokens; when it reaches the end of the known tokens a new token is
-    sampled. Decoding is the case ``n == 1``."""
+    sampled. Decoding is the case ``n == 1``. A decoding sequence may carry ``draft``: tokens
+    guessed to follow (speculation), computed in the same step and kept as far as the model
+    agrees with them."""
 
     request_id: str
     prompt_ids: list[int]
@@ -40,6 +42,7 @@ class SeqState:
     num_computed: int = 0
     num_cached_prompt: int = 0  # prompt tokens served by the prefix cache on first admission
     num_preemptions: int = 0
+    draft: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -73,4 +76,5 @@ class SeqState:
         """Drop the KV; the tokens so far are recomputed when the request is admitted again."""
         self.status = Status.PREEMPTED
         self.num_computed = 0
+        self.draft = []
         self.num_preemptions += 1

@@ -142,25 +142,45 @@ def sample(
 ) -> list[int | None]:
     """Pick one token per row of ``logits`` (shape [rows, vocab]); ``None`` for a row whose
     logits hold a NaN or +inf, or nothing but -inf."""
-    logits = logits.float()
-    bad = logits.isnan().any(dim=-1) | logits.isposinf().any(dim=-1)
-    bad |= logits.isneginf().all(dim=-1)
-    out: list[int | None] = list(logits.argmax(dim=-1).tolist())
-    rows = [i for i, c in enumerate(configs) if not c.greedy]
-    if rows:
-        idx = torch.tensor(rows, device=logits.device)
-        sub = logits.index_select(0, idx)
-        temps = torch.tensor([configs[i].temperature for i in rows], device=logits.device)
-        probs = _filtered_probs(sub / temps.unsqueeze(1), [configs[i] for i in rows])
-        # A finite row can still overflow once scaled (logits near float32's limit): the
-        # limit of such a distribution is its argmax, already in ``out``.
-        usable = (probs.isfinite().all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
-        for j, i in enumerate(rows):
-            if usable[j]:
-                out[i] = int(torch.multinomial(probs[j], 1, generator=generators[i])[0])
-    for i in bad.nonzero().flatten().tolist():
-        out[i] = None
-    return out
+    picker = Picker(logits, configs)
+    return [picker.pick(i, g) for i, g in enumerate(generators)]
+
+
+class Picker:
+    """Each row's distribution, ready to draw from one row at a time: a row's draw takes
+    from its generator exactly what ``sample`` takes, so a caller that draws rows in order
+    and stops early (speculation's verification, at the first rejected draft) leaves each
+    generator where drawing those tokens one step at a time would."""
+
+    def __init__(self, logits: torch.Tensor, configs: list[SamplingConfig]) -> None:
+        logits = logits.float()
+        bad = logits.isnan().any(dim=-1) | logits.isposinf().any(dim=-1)
+        bad |= logits.isneginf().all(dim=-1)
+        self.bad = set(bad.nonzero().flatten().tolist())
+        self.argmax: list[int] = logits.argmax(dim=-1).tolist()
+        self.row_of: dict[int, int] = {}  # row → its row of ``probs`` (rows that sample)
+        rows = [i for i, c in enumerate(configs) if not c.greedy]
+        self.probs = logits[:0]
+        self.usable: list[bool] = []
+        if rows:
+            idx = torch.tensor(rows, device=logits.device)
+            sub = logits.index_select(0, idx)
+            temps = torch.tensor([configs[i].temperature for i in rows], device=logits.device)
+            self.probs = _filtered_probs(sub / temps.unsqueeze(1), [configs[i] for i in rows])
+            # A finite row can still overflow once scaled (logits near float32's limit): the
+            # limit of such a distribution is its argmax.
+            self.usable = (
+                self.probs.isfinite().all(dim=-1) & (self.probs.sum(dim=-1) > 0)
+            ).tolist()
+            self.row_of = {i: j for j, i in enumerate(rows)}
+
+    def pick(self, i: int, generator: torch.Generator | None) -> int | None:
+        """Row ``i``'s token: its argmax when greedy, else a draw from its distribution."""
+        out: int | None = self.argmax[i]
+        j = self.row_of.get(i)
+        if j is not None and self.usable[j]:
+            out = int(torch.multinomial(self.probs[j], 1, generator=generator)[0])
+        return None if i in self.bad else out
 
 
 def _filtered_probs(scaled: torch.Tensor, configs: list[SamplingConfig]) -> torch.Tensor:

@@ -14,6 +14,7 @@ mostly from the prefix cache) instead of failing.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from services.worker.engine.kv_cache import KVCache
@@ -31,15 +32,17 @@ class SchedulerConfig:
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    """Process ``num_tokens`` tokens of ``seq`` starting at ``seq.num_computed``."""
+    """Process ``num_tokens`` tokens of ``seq`` starting at ``seq.num_computed``; the last
+    ``draft`` of them are the sequence's draft tokens (speculation), to be verified."""
 
     seq: SeqState
     num_tokens: int
+    draft: int = 0
 
     @property
     def samples(self) -> bool:
         """Whether this work reaches the end of the known tokens, so a token is sampled."""
-        return self.seq.num_computed + self.num_tokens == self.seq.num_tokens
+        return self.seq.num_computed + self.num_tokens - self.draft == self.seq.num_tokens
 
 
 @dataclass(slots=True)
@@ -107,8 +110,15 @@ class Scheduler:
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this step
             n = min(seq.num_uncomputed, budget, self.config.prefill_chunk)
+            # A draft rides along with a decode while the budget has room for it.
+            del seq.draft[min(len(seq.draft), budget - n) if not seq.in_prefill else 0 :]
+            if seq.draft and not self.kv.can_allocate(
+                seq.request_id, seq.all_ids, seq.num_computed + n + len(seq.draft)
+            ):
+                seq.draft = []  # a guess never preempts anyone
+            n += len(seq.draft)
             if self._reserve(seq, n, plan):
-                plan.work.append(Work(seq, n))
+                plan.work.append(Work(seq, n, len(seq.draft)))
             # A preempted sequence's planned tokens go back to the budget.
             budget = self.config.max_step_tokens - sum(w.num_tokens for w in plan.work)
         self._admit(plan, budget, cut)
@@ -218,9 +228,22 @@ class Scheduler:
         self._enqueue(seq)
         plan.preempted.append(seq)
 
-    def complete(self, plan: StepPlan) -> None:
-        """Account for a finished step: the planned tokens now have KV in the cache."""
+    def complete(self, plan: StepPlan, accepted: Mapping[str, int] | None = None) -> None:
+        """Account for a finished step: the planned tokens now have KV in the cache. Of a
+        draft, only the ``accepted[request_id]`` leading tokens the model agreed with count
+        (they become the sequence's next outputs): the KV past them is rolled back, its
+        blocks freed and never registered in the prefix cache."""
         for w in plan.work:
-            if w.seq.status is Status.RUNNING:
-                w.seq.num_computed += w.num_tokens
-                self.kv.commit(w.seq.request_id, w.seq.all_ids, w.seq.num_computed)
+            seq = w.seq
+            if seq.status is not Status.RUNNING:
+                continue
+            ids = seq.all_ids
+            if w.draft:
+                kept = min(w.draft, (accepted or {}).get(seq.request_id, 0))
+                ids += seq.draft[:kept]
+                seq.num_computed += w.num_tokens - w.draft + kept
+                self.kv.truncate(seq.request_id, seq.num_computed)
+            else:
+                seq.num_computed += w.num_tokens
+            seq.draft = []
+            self.kv.commit(seq.request_id, ids, seq.num_computed)
