@@ -160,8 +160,15 @@ async def submit_cached(
     on a stream of the request's own (``serve_hit``) and nothing goes to Kafka."""
     found = await st.cache.lookup(req, CacheMode(body.cache), client_seeded=body.seed is not None)
     tools = isinstance(body, ChatBody) and body.calls_tools
+    if found.coalesce is not None and found.coalesce.leader is not None:
+        # An identical request is being generated: its answer, once stored, is this one's.
+        found = await st.cache.coalesce(found, lambda leader: st.event_stream(leader, after_seq=-1))
     if found.entry is None:
-        return await submit(st, found.request, key, tools=tools), found.result
+        try:
+            return await submit(st, found.request, key, tools=tools), found.result
+        except BaseException:
+            await st.cache.release(found)
+            raise
     return await serve_hit(st, req, found.entry, found.result, tools=tools), found.result
 
 
