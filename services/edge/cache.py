@@ -6,6 +6,15 @@ request's Redis stream and replay log (so SSE, WebSocket, ``Last-Event-ID`` resu
 usage all work unchanged), and never reaches Kafka or a worker. Only the latency and the
 ``x-tokenwire-cache`` header differ.
 
+Identical misses are coalesced: the first takes a short-lived in-flight marker in Redis
+(``SET NX PX``, keyed by scope, generation and digest, holding its request id) and is
+generated; one that finds the marker follows the leader's token stream and, once it has
+ended, answers from the entry the leader's worker stored, as an exact hit. A leader that
+fails, is cancelled or stores nothing hands the marker to one follower, which generates in
+its place while the others follow it; past ``TW_CACHE_COALESCE_WAIT_S`` a follower is
+generated itself. ``no-cache`` requests never coalesce; ``no-store`` ones follow but never
+lead (their answer would not be stored).
+
 Keys are scoped per tenant (``TW_CACHE_SHARED`` puts every tenant in one scope) and carry
 the scope's generation: ``tokenwire cache purge`` bumps it, so no entry written before is
 reachable, and deletes the old entries.
@@ -384,7 +393,7 @@ async def purge(redis: aioredis.Redis, names: Names, scope: str) -> int:
     the old entries; the number of keys deleted."""
     await redis.incr(names.cache(scope, "gen"))
     deleted = 0
-    for pattern in (names.cache(scope, "x", "*"), names.cache(scope, "s", "*")):
+    for pattern in (names.cache(scope, kind, "*") for kind in ("x", "f", "s")):
         batch: list[bytes] = []
         async for key in redis.scan_iter(match=pattern, count=500):
             batch.append(key)
