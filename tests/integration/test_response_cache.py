@@ -306,6 +306,10 @@ async def test_identical_misses_coalesce(stack: Stack) -> None:
 async def test_a_cancelled_leader_does_not_strand_its_followers(stack: Stack) -> None:
     body = chat("Recite a poem about rivers.", max_tokens=1800, ignore_eos=True)
     finished = await worker_finished(stack)
+    counts = {
+        result: await edge_metric(stack, "tw_cache_lookups_total", result=result)
+        for result in ("coalesced", "uncoalesced")
+    }
     headers = {"Authorization": f"Bearer {ACME}"}
     async with httpx.AsyncClient(timeout=60, headers=headers) as http:
         url = stack.url() + "/v1/chat/completions"
@@ -331,6 +335,9 @@ async def test_a_cancelled_leader_does_not_strand_its_followers(stack: Stack) ->
     assert all(normalised(b, r) == normalised(first, answers[0][1]) for _, r, b in answers)
     assert b'"finish_reason":"length"' in first
     assert await finished_at_least(stack, finished + 2) == finished + 2
+    for result, more in (("coalesced", 2), ("uncoalesced", 1)):
+        now = await edge_metric(stack, "tw_cache_lookups_total", result=result)
+        assert now == counts[result] + more, result
 
 
 async def test_a_request_sent_straight_to_kafka_is_answered_by_the_batcher(
