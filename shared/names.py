@@ -149,7 +149,8 @@ class Names:
 
     def cache(self, tenant: str, *parts: str) -> str:
         """A key of a tenant's response caches: its generation counter (``gen``; a purge
-        bumps it), exact entries (``x:<generation>:<digest>``) and semantic entries
+        bumps it), exact entries (``x:<generation>:<digest>``), the in-flight markers of
+        misses being generated (``f:<generation>:<digest>``) and semantic entries
         (``s:<generation>``, a hash of entry id to vector and metadata)."""
         return ":".join((self.prefix, "cache", tenant, *parts))
 

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from services.batcher.metrics import NO_SUCH_INDEX, RetrievalMetrics
 from shared.embedding import EmbedderError, load_embedder
 from shared.messages import GenerateRequest
 from shared.retrieval.grounding import CountTokens, byte_count, fit, ground, query_text
 from shared.retrieval.retriever import Query, Retriever
-from shared.retrieval.store import IndexStore, RetrievalError
+from shared.retrieval.store import IndexStore, NoIndexes, RetrievalError, UnknownIndex
 from shared.settings import CommonSettings
 
 log = logging.getLogger(__name__)
@@ -33,9 +35,16 @@ log = logging.getLogger(__name__)
 class Grounder:
     """Grounds requests in the indexes of ``settings.index_root``; passage tokens are
     counted with the served model's tokenizer when the batcher has it, else as UTF-8
-    bytes (an upper bound for byte-level tokenizers)."""
+    bytes (an upper bound for byte-level tokenizers). With ``metrics``, each dispatch's
+    retrieval is counted there."""
 
-    def __init__(self, settings: CommonSettings, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        settings: CommonSettings,
+        tokenizer: Any = None,
+        metrics: RetrievalMetrics | None = None,
+    ) -> None:
+        self.metrics = metrics
         model_dir = settings.embed_model_dir or None
         self.retriever = Retriever(
             IndexStore(settings.index_root), lambda: load_embedder(model_dir)
@@ -48,7 +57,28 @@ class Grounder:
         self, requests: Sequence[GenerateRequest]
     ) -> list[GenerateRequest | RetrievalError]:
         """Each request with its passages placed, or why it cannot be served."""
-        return await asyncio.to_thread(self._ground, requests)
+        started = time.perf_counter()
+        out = await asyncio.to_thread(self._ground, requests)
+        if self.metrics is not None:
+            self.metrics.seconds.observe(time.perf_counter() - started)
+            self._count(requests, out)
+        return out
+
+    def _count(
+        self, requests: Sequence[GenerateRequest], out: Sequence[GenerateRequest | RetrievalError]
+    ) -> None:
+        assert self.metrics is not None
+        for req, res in zip(requests, out, strict=True):
+            assert req.retrieval is not None
+            index = req.retrieval.index
+            if isinstance(res, RetrievalError):
+                if isinstance(res, UnknownIndex | NoIndexes):
+                    index = NO_SUCH_INDEX
+                self.metrics.requests.labels(index, res.code).inc()
+                continue
+            self.metrics.requests.labels(index, "ok").inc()
+            placed = len(res.grounding.passage_ids) if res.grounding is not None else 0
+            self.metrics.passages.labels(index).inc(placed)
 
     def _ground(
         self, requests: Sequence[GenerateRequest]

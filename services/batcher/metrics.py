@@ -7,6 +7,37 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from shared.metrics import FAST_BUCKETS, LATENCY_BUCKETS
 from shared.retry import DependencyMetrics
 
+# The index label of a retrieval naming no index there is (the name is the client's: not
+# a label value, or any client could mint series).
+NO_SUCH_INDEX = "-"
+
+
+class RetrievalMetrics:
+    """Retrieval in the batcher: requests grounded by index and result (``ok`` or the
+    refusal's code), passages placed in prompts, and the time a dispatch's retrieval takes
+    (one embedding call and a search per index, off the event loop)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "tw_batcher_retrievals",
+            "requests grounded, by index and result (ok, or the refusal's code: "
+            "unknown_index, no_indexes, embedder_mismatch, corrupt_index, retrieval_error)",
+            ["index", "result"],
+            registry=r,
+        )
+        self.passages = Counter(
+            "tw_batcher_retrieval_passages",
+            "passages placed in prompts, by index",
+            ["index"],
+            registry=r,
+        )
+        self.seconds = Histogram(
+            "tw_batcher_retrieval_seconds",
+            "time to ground one dispatch's requests (embedding and searches)",
+            buckets=(*FAST_BUCKETS, 2.5, 5.0, 10.0),
+            registry=r,
+        )
+
 
 class BatcherMetrics:
     """Owns the batcher's metrics registry: batching and queue state, and the failures it
@@ -16,6 +47,7 @@ class BatcherMetrics:
         self.registry = r = CollectorRegistry(auto_describe=True)
         self._batching(r)
         self._faults(r)
+        self.retrieval = RetrievalMetrics(r)
 
     def _batching(self, r: CollectorRegistry) -> None:
         """Batch sizes, window and handoff latencies, queue, dispatch and lag."""

@@ -157,7 +157,7 @@ class BatcherService:
             self.producer, [self.names.batches, self.names.requests_dlq], self.kafka
         )
         self.rejects = Rejects(self.producer, self.kafka, self.redis, self.names, self.metrics)
-        self.grounder = Grounder(settings, tokenizer)
+        self.grounder = Grounder(settings, tokenizer, self.metrics.retrieval)
         self.cache = KafkaCache(settings, settings.model_dir, self.metrics.registry)
         self._request_room = request_room(settings.batcher_id)
         self.queue: FairQueue[Pending] = FairQueue(

@@ -6,6 +6,15 @@ request's Redis stream and replay log (so SSE, WebSocket, ``Last-Event-ID`` resu
 usage all work unchanged), and never reaches Kafka or a worker. Only the latency and the
 ``x-tokenwire-cache`` header differ.
 
+Identical misses are coalesced: the first takes a short-lived in-flight marker in Redis
+(``SET NX PX``, keyed by scope, generation and digest, holding its request id) and is
+generated; one that finds the marker follows the leader's token stream and, once it has
+ended, answers from the entry the leader's worker stored, as an exact hit. A leader that
+fails, is cancelled or stores nothing hands the marker to one follower, which generates in
+its place while the others follow it; past ``TW_CACHE_COALESCE_WAIT_S`` a follower is
+generated itself. ``no-cache`` requests never coalesce; ``no-store`` ones follow but never
+lead (their answer would not be stored).
+
 Keys are scoped per tenant (``TW_CACHE_SHARED`` puts every tenant in one scope) and carry
 the scope's generation: ``tokenwire cache purge`` bumps it, so no entry written before is
 reachable, and deletes the old entries.
@@ -28,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +61,7 @@ from shared.names import Names
 from shared.retry import REDIS_DOWN
 
 if TYPE_CHECKING:
+    from services.edge.relay import EventStream
     from services.edge.semantic import SemanticCache
 
 log = logging.getLogger(__name__)
@@ -63,7 +73,9 @@ class CacheMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.lookups = Counter(
             "tw_cache_lookups",
-            "response-cache lookups by kind (exact, semantic) and result (hit, miss, skip)",
+            "response-cache lookups by kind (exact, semantic) and result (hit, miss, skip, "
+            "error; coalesced: a miss answered by the identical request being generated, "
+            "uncoalesced: one that waited for it and then was generated itself)",
             ["kind", "result"],
             registry=registry,
         )
@@ -91,6 +103,48 @@ class Lookup:
     result: CacheResult
     request: GenerateRequest
     entry: bytes | None = None
+    coalesce: Coalesce | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Coalesce:
+    """A cacheable miss's in-flight marker: ``held`` when this request took it (it
+    generates the answer), else ``leader`` is the request generating it."""
+
+    scope: str
+    digest: str
+    marker: str
+    held: bool
+    leader: str | None = None
+
+
+# KEYS[1]: the in-flight marker; ARGV: this request's id, the marker's TTL in ms, whether
+# it may take the marker ('1': its answer will be stored), the id of a holder to replace
+# ('' for none: a leader that failed). Returns the holder's id, or false when this request
+# now holds the marker (or, not allowed to take it, no one does).
+CLAIM = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder == ARGV[4] then
+    redis.call('DEL', KEYS[1])
+    holder = false
+end
+if holder or ARGV[3] ~= '1' then
+    return holder
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+"""
+# KEYS[1]: the in-flight marker; ARGV[1]: the id that must hold it for it to be deleted.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+# After the leader's final event, how long its answer may take to appear (its worker
+# stores it as it settles the request, just after publishing that event).
+STORE_GRACE_S = 2.0
+STORED_FINISHES = frozenset({"stop", "length"})
 
 
 class ResponseCache:
@@ -168,8 +222,14 @@ class ResponseCache:
             self.metrics.lookup_seconds.labels("semantic").observe(time.perf_counter() - started)
             if probe.entry is not None:
                 return Lookup(CacheResult.SEMANTIC, req, probe.entry)
+        coalesce = None
+        if mode.looks_up and self.settings.cache_coalesce_wait_s > 0:
+            marker = self.names.cache(scope, "f", str(gen), digest)
+            coalesce = await self._claim(
+                Coalesce(scope, digest, marker, held=False), req.request_id, mode.stores
+            )
         if not mode.stores:
-            return Lookup(CacheResult.MISS, req)
+            return Lookup(CacheResult.MISS, req, coalesce=coalesce)
         if semantic is not None:
             # Off the request's path: the entry only matters once the answer is stored,
             # after the request finishes.
@@ -182,7 +242,89 @@ class ResponseCache:
             shared=scope == SHARED_SCOPE,
             retrieval_version=retrieval_version,
         )
-        return Lookup(CacheResult.MISS, req.model_copy(update={"cache_store": store}))
+        stored = req.model_copy(update={"cache_store": store})
+        return Lookup(CacheResult.MISS, stored, coalesce=coalesce)
+
+    async def _claim(
+        self, c: Coalesce, request_id: str, may_lead: bool, failed: str = ""
+    ) -> Coalesce:
+        """Take the in-flight marker of ``c`` (replacing ``failed``, a leader whose answer
+        did not come), or learn who holds it."""
+        ttl_ms = max(1, int(self.settings.cache_coalesce_wait_s * 1000))
+        flag = "1" if may_lead else "0"
+        holder = await self.redis.eval(CLAIM, 1, c.marker, request_id, ttl_ms, flag, failed)
+        if holder is None:
+            return Coalesce(c.scope, c.digest, c.marker, held=may_lead)
+        leader = _text(holder)
+        return Coalesce(c.scope, c.digest, c.marker, held=False, leader=leader)
+
+    async def release(self, found: Lookup) -> None:
+        """Give up the in-flight marker ``found`` holds (its request was never queued), so
+        identical requests stop waiting for it. Best effort: it expires anyway."""
+        c = found.coalesce
+        if c is None or not c.held:
+            return
+        try:
+            await self.redis.eval(RELEASE, 1, c.marker, found.request.request_id)
+        except REDIS_DOWN as exc:
+            log.debug("in-flight marker not released: %r", exc)
+
+    async def coalesce(self, found: Lookup, open_stream: Callable[[str], EventStream]) -> Lookup:
+        """A miss identical to a request being generated (``found.coalesce.leader``):
+        wait for the leader's stream to end and answer from the entry it stored, as an
+        exact hit. If the leader fails, is cancelled, or its answer does not appear, this
+        request takes its place (or follows whoever did first); past the wait setting it
+        is published as a miss of its own."""
+        c = found.coalesce
+        assert c is not None and c.leader is not None
+        req = found.request
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.cache_coalesce_wait_s
+        try:
+            while c.leader is not None and loop.time() < deadline:
+                entry = await self._await_leader(c, c.leader, open_stream, deadline)
+                if entry is not None:
+                    self.metrics.lookups.labels("exact", "coalesced").inc()
+                    return Lookup(CacheResult.EXACT, req, entry)
+                may_lead = req.cache_store is not None
+                c = await self._claim(c, req.request_id, may_lead, failed=c.leader)
+        except REDIS_DOWN as exc:
+            log.warning("coalesced wait failed: %r", exc, extra={"request_id": req.request_id})
+            c = Coalesce(c.scope, c.digest, c.marker, held=False)
+        self.metrics.lookups.labels("exact", "uncoalesced").inc()
+        return Lookup(CacheResult.MISS, req, coalesce=c)
+
+    async def _await_leader(
+        self,
+        c: Coalesce,
+        leader: str,
+        open_stream: Callable[[str], EventStream],
+        deadline: float,
+    ) -> bytes | None:
+        """The entry ``leader`` stored, once its stream has ended; None when it ended
+        without one, it let its marker go before its stream ended, or ``deadline``
+        (loop time) passed."""
+        loop = asyncio.get_running_loop()
+        async with open_stream(leader) as stream:
+            while not stream.finished:
+                left = deadline - loop.time()
+                if left <= 0:
+                    return None
+                if not await stream.next(min(left, 1.0)) and not stream.finished:
+                    holder = await self.redis.get(c.marker)
+                    if holder is None or _text(holder) != leader:
+                        return None  # never queued, or expired: nothing to wait for
+            final = stream.final_event or {}
+        if final.get("finish_reason") not in STORED_FINISHES or final.get("error"):
+            return None
+        grace = min(deadline, loop.time() + STORE_GRACE_S)
+        pause = 0.002
+        while True:
+            _, entry = await read_exact(self.redis, self.names, c.scope, c.digest)
+            if entry is not None or loop.time() + pause > grace:
+                return entry
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _remember(self, work: Coroutine[Any, Any, None], request_id: str) -> None:
         """Run a semantic entry's write in the background; a failure is logged (the
@@ -202,6 +344,10 @@ class ResponseCache:
         """Wait for the semantic entries being written (tests, shutdown)."""
         while self._remembering:
             await asyncio.gather(*self._remembering, return_exceptions=True)
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +393,7 @@ async def purge(redis: aioredis.Redis, names: Names, scope: str) -> int:
     the old entries; the number of keys deleted."""
     await redis.incr(names.cache(scope, "gen"))
     deleted = 0
-    for pattern in (names.cache(scope, "x", "*"), names.cache(scope, "s", "*")):
+    for pattern in (names.cache(scope, kind, "*") for kind in ("x", "f", "s")):
         batch: list[bytes] = []
         async for key in redis.scan_iter(match=pattern, count=500):
             batch.append(key)

@@ -154,14 +154,29 @@ async def submit(
 
 
 async def submit_cached(
-    st: EdgeState, req: GenerateRequest, body: CompletionBody | ChatBody, key: str | None = None
+    st: EdgeState,
+    req: GenerateRequest,
+    body: CompletionBody | ChatBody,
+    key: str | None = None,
+    *,
+    coalesce: bool = True,
 ) -> tuple[EventStream, CacheResult]:
     """``submit``, unless the response cache has the answer: then the answer is replayed
-    on a stream of the request's own (``serve_hit``) and nothing goes to Kafka."""
+    on a stream of the request's own (``serve_hit``) and nothing goes to Kafka. A miss
+    identical to a request being generated waits for that answer unless ``coalesce`` is
+    off (the choices of one response: one would wait for a sibling's whole answer before
+    the response could start, where the worker generates both side by side)."""
     found = await st.cache.lookup(req, CacheMode(body.cache), client_seeded=body.seed is not None)
     tools = isinstance(body, ChatBody) and body.calls_tools
+    if coalesce and found.coalesce is not None and found.coalesce.leader is not None:
+        # An identical request is being generated: its answer, once stored, is this one's.
+        found = await st.cache.coalesce(found, lambda leader: st.event_stream(leader, after_seq=-1))
     if found.entry is None:
-        return await submit(st, found.request, key, tools=tools), found.result
+        try:
+            return await submit(st, found.request, key, tools=tools), found.result
+        except BaseException:
+            await st.cache.release(found)
+            raise
     return await serve_hit(st, req, found.entry, found.result, tools=tools), found.result
 
 
@@ -176,7 +191,8 @@ async def submit_choices(
         stream, cached = await submit_cached(st, reqs[0], body)
         return stream, cached.value
     results: list[Any] = await asyncio.gather(
-        *(submit_cached(st, r, body, response_id) for r in reqs), return_exceptions=True
+        *(submit_cached(st, r, body, response_id, coalesce=False) for r in reqs),
+        return_exceptions=True,
     )
     failed = [res for res in results if isinstance(res, BaseException)]
     if failed:

@@ -253,6 +253,93 @@ async def test_tenants_never_share(stack: Stack, redis: aioredis.Redis) -> None:
     assert (await sse(stack, chat("What keyword defines a function?"), ACME))[0] == "semantic"
 
 
+async def edge_metric(st: Stack, name: str, **labels: str) -> float:
+    """The sum of the edge's samples of ``name`` whose labels include ``labels``."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        text = (await http.get(st.url() + "/metrics")).text
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and all(w in line for w in wanted)
+    )
+
+
+async def finished_at_least(st: Stack, count: float) -> float:
+    """The worker's finished requests once they reach ``count`` (or 20 s), then a moment
+    later: a request finishes on the worker just after its final event went out."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if await worker_finished(st) >= count:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    return await worker_finished(st)
+
+
+async def lookups_reach(st: Stack, count: float) -> None:
+    """Wait until the edge has finished ``count`` cache lookups (or 20 s)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if await edge_metric(st, "tw_cache_lookup_seconds_count", kind="total") >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the edge has not finished {count} lookups")
+
+
+async def test_identical_misses_coalesce(stack: Stack) -> None:
+    body = chat("Count from one to nine in words.", max_tokens=24)
+    finished = await worker_finished(stack)
+    coalesced = await edge_metric(stack, "tw_cache_lookups_total", result="coalesced")
+    answers = await asyncio.gather(*(sse(stack, body) for _ in range(4)))
+    # One generates; the others wait for its answer and replay it as exact hits.
+    assert sorted(cache for cache, _, _ in answers) == ["exact", "exact", "exact", "miss"]
+    assert len({rid for _, rid, _ in answers}) == 4
+    first = answers[0][2]
+    assert first.count(b"data: ") > 3
+    assert all(normalised(b, rid) == normalised(first, answers[0][1]) for _, rid, b in answers)
+    assert await finished_at_least(stack, finished + 1) == finished + 1
+    after = await edge_metric(stack, "tw_cache_lookups_total", result="coalesced")
+    assert after == coalesced + 3
+
+
+async def test_a_cancelled_leader_does_not_strand_its_followers(stack: Stack) -> None:
+    body = chat("Recite a poem about rivers.", max_tokens=1800, ignore_eos=True)
+    finished = await worker_finished(stack)
+    counts = {
+        result: await edge_metric(stack, "tw_cache_lookups_total", result=result)
+        for result in ("coalesced", "uncoalesced")
+    }
+    headers = {"Authorization": f"Bearer {ACME}"}
+    async with httpx.AsyncClient(timeout=60, headers=headers) as http:
+        url = stack.url() + "/v1/chat/completions"
+        async with http.stream("POST", url, json=body) as leader:
+            assert leader.headers["x-tokenwire-cache"] == "miss"
+            rid = leader.headers["x-request-id"]
+            lines = leader.aiter_lines()
+            async for line in lines:  # the leader is generating
+                if line.startswith("data: {"):
+                    break
+            looked_up = await edge_metric(stack, "tw_cache_lookup_seconds_count", kind="total")
+            followers = [asyncio.create_task(sse(stack, body)) for _ in range(3)]
+            # Their lookups are done (each found the leader's marker): they wait for it.
+            await lookups_reach(stack, looked_up + 3)
+            cancel = await http.post(stack.url() + f"/v1/requests/{rid}/cancel")
+            assert cancel.status_code == 200, cancel.text
+            rest = [line async for line in lines]
+        assert any("request_cancelled" in line for line in rest), rest[-3:]
+        answers = await asyncio.gather(*followers)
+    # One follower took the leader's place and generated; the others waited for it.
+    assert sorted(cache for cache, _, _ in answers) == ["exact", "exact", "miss"]
+    first = answers[0][2]
+    assert all(normalised(b, r) == normalised(first, answers[0][1]) for _, r, b in answers)
+    assert b'"finish_reason":"length"' in first
+    assert await finished_at_least(stack, finished + 2) == finished + 2
+    for result, more in (("coalesced", 2), ("uncoalesced", 1)):
+        now = await edge_metric(stack, "tw_cache_lookups_total", result=result)
+        assert now == counts[result] + more, result
+
+
 async def test_a_request_sent_straight_to_kafka_is_answered_by_the_batcher(
     stack: Stack, redis: aioredis.Redis
 ) -> None:

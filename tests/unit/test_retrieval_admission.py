@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.batcher.grounding import Grounder
+from services.batcher.metrics import BatcherMetrics
 from services.edge.errors import ApiError
 from services.edge.retrieval import (
     PASSAGE_RESERVE,
@@ -17,6 +18,7 @@ from services.edge.retrieval import (
     admit_retrieval,
     embedder_identity,
 )
+from shared.embedding import EmbedderError
 from shared.messages import ChatMessage, GenerateRequest, Retrieval
 from shared.retrieval.retriever import Retriever
 from shared.retrieval.store import IndexStore, RetrievalError
@@ -88,3 +90,41 @@ def test_the_batcher_grounds_a_dispatch_and_refuses_what_it_cannot(tmp_path: Pat
     assert isinstance(missing, RetrievalError) and missing.code == "unknown_index"
     assert isinstance(tight, GenerateRequest) and tight.grounding is not None
     assert tight.grounding.passage_ids == [] and tight.messages == chat("kb").messages
+
+
+def test_the_batcher_counts_its_retrievals(tmp_path: Path) -> None:
+    emb = HashEmbedder()
+    store = IndexStore(tmp_path)
+    store.build(
+        "kb", {"d": ["The vault code is 7341.", "Bridges: seven."]}, emb.embed, emb.identity
+    )
+    metrics = BatcherMetrics()
+    grounder = Grounder(_settings(tmp_path), metrics=metrics.retrieval)
+    grounder.retriever = Retriever(store, lambda: emb)
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def chat(index: str, top_k: int) -> GenerateRequest:
+        question = ChatMessage(role="user", content="What is the vault code?")
+        return GenerateRequest(
+            messages=[question], retrieval=Retrieval(index=index, top_k=top_k, budget_tokens=1024)
+        )
+
+    asyncio.run(grounder.ground([chat("kb", 2), chat("kb", 1), chat("nope", 1)]))
+    assert sample("tw_batcher_retrievals_total", index="kb", result="ok") == 2
+    # A name with no index behind it is no label value of its own.
+    assert sample("tw_batcher_retrievals_total", index="nope", result="unknown_index") == 0
+    assert sample("tw_batcher_retrievals_total", index="-", result="unknown_index") == 1
+    assert sample("tw_batcher_retrieval_passages_total", index="kb") == 3
+    assert sample("tw_batcher_retrieval_seconds_count") == 1
+    # The embedder failing refuses the whole dispatch, each request counted.
+    grounder.retriever = Retriever(store, _broken_embedder)
+    asyncio.run(grounder.ground([chat("kb", 1), chat("kb", 1)]))
+    assert sample("tw_batcher_retrievals_total", index="kb", result="retrieval_error") == 2
+    assert sample("tw_batcher_retrieval_passages_total", index="kb") == 3
+    assert sample("tw_batcher_retrieval_seconds_count") == 2
+
+
+def _broken_embedder() -> HashEmbedder:
+    raise EmbedderError("no embedding model here")
