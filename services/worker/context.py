@@ -116,8 +116,10 @@ class WorkerContext:
 
     def retire(self, st: RequestState) -> None:
         """Abort ``st``'s run in the engine: it is no longer this state's (the caller has
-        dropped or deferred it), so what the run still outputs is ``stale``."""
-        self.retired[st.request_id] += 1
+        dropped or deferred it), so what the run still outputs is ``stale``; unless its
+        final output came already (held while its claim was being taken)."""
+        if not any(out.finish is not None for out in st.held):
+            self.retired[st.request_id] += 1
         self.runner.abort(st.request_id)
         self.left_engine(st)
 

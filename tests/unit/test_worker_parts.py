@@ -96,6 +96,12 @@ def test_the_outputs_of_a_handed_back_run_never_reach_the_next_run_of_its_reques
     assert ended == [] and again.phase is Phase.RUNNING
     [(_, final)] = Output(ctx).events([StepOutput(rid, [9], "c", Status.FINISHED_LENGTH)])[0]
     assert final.final and final.seq == 1 and final.token_ids == [9]
+    assert not ctx.retired
+    # A run that ended while its claim was being taken has no output to come.
+    held = RequestState(req, 0, 2, phase=Phase.CLAIMING)
+    held.held.append(StepOutput(rid, [], "", Status.FINISHED_LENGTH))
+    ctx.retire(held)
+    assert not ctx.retired
 
 
 def _ctx(producer: Any, claims: Any, consumer: Any) -> WorkerContext:
