@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from aiokafka.errors import KafkaError
 
 from services.worker.claims import Claims
 from services.worker.config import WorkerSettings
+from services.worker.engine.engine import StepOutput
 from services.worker.events import RequestState
 from services.worker.metrics import WorkerMetrics
 from services.worker.offsets import OffsetTracker
@@ -61,6 +63,10 @@ class WorkerContext:
     nudge: asyncio.Event = field(default_factory=asyncio.Event)  # capacity freed: beat now
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # nothing in the engine
     finals: asyncio.Queue[list[RequestState]] = field(default_factory=asyncio.Queue)
+    # Engine runs aborted after their request left the table (handed back, withdrawn,
+    # lost), by request id: their outputs still come, up to one final output each, and
+    # must not be taken for those of a later run of the same request here.
+    retired: Counter[str] = field(default_factory=Counter)
 
     @property
     def names(self) -> Names:
@@ -107,6 +113,28 @@ class WorkerContext:
             ),
             sampling_defaults=defaults,
         )
+
+    def retire(self, st: RequestState) -> None:
+        """Abort ``st``'s run in the engine: it is no longer this state's (the caller has
+        dropped or deferred it), so what the run still outputs is ``stale``; unless its
+        final output came already (held while its claim was being taken)."""
+        if not any(out.finish is not None for out in st.held):
+            self.retired[st.request_id] += 1
+        self.runner.abort(st.request_id)
+        self.left_engine(st)
+
+    def stale(self, out: StepOutput) -> bool:
+        """Whether ``out`` comes from a retired run. The engine ends every run with one
+        final output (finished, failed or aborted) and takes a new run of a request only
+        after the abort of the old one, so a retired run's outputs come first."""
+        rid = out.request_id
+        if not self.retired[rid]:
+            return False
+        if out.finish is not None:
+            self.retired[rid] -= 1
+            if not self.retired[rid]:
+                del self.retired[rid]
+        return True
 
     def left_engine(self, st: RequestState) -> None:
         """``st`` no longer runs here (finished, withdrawn, handed back or lost)."""

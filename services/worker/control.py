@@ -85,8 +85,7 @@ class Heartbeat:
         log.warning("claim taken by another worker: stopping", extra={"request_id": st.request_id})
         ctx.metrics.handled_errors.labels("claim_lost").inc()
         ctx.table.move(st, Phase.DEFERRED)
-        ctx.runner.abort(st.request_id)
-        ctx.left_engine(st)
+        ctx.retire(st)
 
     async def _prefix_summary(self) -> list[int]:
         """The KV cache's routing summary from the engine process; the previous one if the

@@ -172,8 +172,7 @@ class Intake:
     def _withdraw(self, st: RequestState) -> None:
         """A request that started early is not this worker's to run: abort it unpublished."""
         if self.ctx.table.drop(st):
-            self.ctx.runner.abort(st.request_id)
-            self.ctx.left_engine(st)
+            self.ctx.retire(st)
 
     def _started(self, req: GenerateRequest) -> None:
         self.ctx.metrics.started(req)

@@ -46,6 +46,8 @@ class Output:
         pairs: Pairs = []
         ended = []
         for out in outs:
+            if self.ctx.stale(out):
+                continue  # a run handed back or withdrawn; this request may run again
             st = table.get(out.request_id)
             if st is None or not st.phase.in_engine:
                 continue  # handed back, withdrawn or lost meanwhile

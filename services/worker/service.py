@@ -191,8 +191,7 @@ class WorkerService:
                     continue  # settling: it finishes here whoever owns the partition next
                 ctx.table.drop(st)
                 if st.phase.in_engine:
-                    ctx.runner.abort(st.request_id)
-                    ctx.left_engine(st)
+                    ctx.retire(st)
                 if st.phase is not Phase.DEFERRED:
                     mine.append(st.request_id)
         if not mine:

@@ -19,9 +19,11 @@ from aiokafka.errors import (
 from services.worker.config import WorkerSettings
 from services.worker.context import WorkerContext
 from services.worker.control import heartbeat_of
-from services.worker.engine.engine import EngineStats
+from services.worker.engine.engine import EngineStats, StepOutput
+from services.worker.engine.request import Status
 from services.worker.events import RequestState
 from services.worker.metrics import WorkerMetrics
+from services.worker.output import Output
 from services.worker.requests import IllegalTransition, Phase, RequestTable
 from services.worker.settle import Settler
 from shared.messages import GenerateRequest, ReplyTarget, error_event
@@ -57,6 +59,49 @@ def test_phases_change_only_along_their_transitions() -> None:
     stranger = Item("a", Phase.SETTLING)
     assert not table.drop(stranger) and "a" in table  # only the held state itself
     assert table.drop(a) and "a" not in table and len(table) == 0
+
+
+class Runner:
+    """What the engine was asked to abort."""
+
+    def __init__(self) -> None:
+        self.aborted: list[str] = []
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+
+def test_the_outputs_of_a_handed_back_run_never_reach_the_next_run_of_its_request() -> None:
+    """A request handed back while running (a rebalance) and delivered here again runs
+    anew; the old run's last token and its abort, still on their way from the engine,
+    are dropped: the new run is neither cut short as cancelled nor given a stale token."""
+    ctx = _ctx(None, None, None)
+    ctx.runner = Runner()  # type: ignore[assignment]
+    req = GenerateRequest(prompt="The list")
+    rid = req.request_id
+    first = RequestState(req, 0, 0)
+    ctx.table.add(first)
+    ctx.table.drop(first)
+    ctx.retire(first)
+    again = RequestState(req, 0, 1, skip_upto=-1)
+    ctx.table.add(again)
+    outs = [
+        StepOutput(rid, [5], "a"),  # the handed-back run's last step
+        StepOutput(rid, [], "", Status.FINISHED_ABORTED),  # its abort
+        StepOutput(rid, [7], "b"),  # the new run
+    ]
+    pairs, ended = Output(ctx).events(outs)
+    assert ctx.runner.aborted == [rid]  # type: ignore[attr-defined]
+    assert [(st, ev.seq, ev.token_ids) for st, ev in pairs] == [(again, 0, [7])]
+    assert ended == [] and again.phase is Phase.RUNNING
+    [(_, final)] = Output(ctx).events([StepOutput(rid, [9], "c", Status.FINISHED_LENGTH)])[0]
+    assert final.final and final.seq == 1 and final.token_ids == [9]
+    assert not ctx.retired
+    # A run that ended while its claim was being taken has no output to come.
+    held = RequestState(req, 0, 2, phase=Phase.CLAIMING)
+    held.held.append(StepOutput(rid, [], "", Status.FINISHED_LENGTH))
+    ctx.retire(held)
+    assert not ctx.retired
 
 
 def _ctx(producer: Any, claims: Any, consumer: Any) -> WorkerContext:
