@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -15,6 +16,7 @@ from aiokafka.errors import (
     IllegalStateError,
     KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
     OutOfOrderSequenceNumber,
     TopicAlreadyExistsError,
     UnknownProducerId,
@@ -262,12 +264,14 @@ async def holds_keyed_record(
     *,
     client_id: str,
     scan_limit: int = 200_000,
+    timeout_s: float = 60.0,
 ) -> bool:
     """Whether ``topic`` (of ``partitions``) holds a record keyed ``key`` written since
     about ``since_s``: read on the one partition a producer's default (murmur2)
     partitioner gives that key, from the record time ``since_s`` less ``CLOCK_SKEW_S`` to
-    the end. Raises ``TooFarBack`` when that is more than ``scan_limit`` records, and
-    ``KafkaError`` as any client does."""
+    the end. Raises ``TooFarBack`` when that is more than ``scan_limit`` records,
+    ``KafkaTimeoutError`` when it is not read within ``timeout_s``, and ``KafkaError`` as
+    any client does."""
     ordered = sorted(partitions)
     tp = TopicPartition(topic, DefaultPartitioner()(key, ordered, ordered))
     consumer = make_consumer(settings, group_id=None, client_id=client_id)
@@ -282,7 +286,10 @@ async def holds_keyed_record(
         if end - first.offset > scan_limit:
             raise TooFarBack(f"{end - first.offset} records on {tp} since {since_ms} ms")
         consumer.seek(tp, first.offset)
+        deadline = time.monotonic() + timeout_s
         while await consumer.position(tp) < end:
+            if time.monotonic() > deadline:  # fetches fail silently while a broker is away
+                raise KafkaTimeoutError(f"{tp} not read to offset {end} in {timeout_s} s")
             got = await consumer.getmany(tp, timeout_ms=1000)
             if any(rec.key == key for rec in got.get(tp, ())):
                 return True

@@ -11,7 +11,9 @@ the answer (unless ``no-store``).
 A request that has a replay log or a done marker already is a redelivery (this batcher
 died before committing it): it goes to a worker as it is, whose claim settles it exactly
 once (a finished log is settled from the log, its completion sent only if the reply topic
-does not hold it yet). A hit whose completion Kafka does not take goes the same way.
+does not hold it yet). A hit whose completion Kafka does not take in time goes the same
+way; should that completion land after the worker looked for it, it is delivered twice,
+never lost.
 """
 
 from __future__ import annotations
@@ -26,16 +28,18 @@ from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry, Counter
 
 from shared import token_stream
-from shared.cache.keys import SHARED_SCOPE, exact_digest, model_identity, reproducible
+from shared.cache.keys import exact_digest, model_identity, reproducible
 from shared.cache.store import (
     READ_ENTRY,
+    cache_scope,
     extra_inputs,
     hit_completion,
     read_entry_args,
     replay_events,
+    to_store,
 )
 from shared.codec import encode
-from shared.messages import CacheMode, CacheResult, CacheStore, GenerateRequest
+from shared.messages import CacheMode, CacheResult, GenerateRequest
 from shared.names import Names
 from shared.settings import CommonSettings
 
@@ -90,7 +94,7 @@ class KafkaCache:
         ):
             self.lookups.labels("exact", "skip").inc()
             return None
-        scope = SHARED_SCOPE if self.settings.cache_shared else req.tenant
+        scope = cache_scope(req.tenant, self.settings.cache_shared)
         digest = exact_digest(req, self.model, extra)
         return Asked(req, mode, digest, extra.get("retrieval"), scope)
 
@@ -113,14 +117,8 @@ class KafkaCache:
         """The request a worker runs: asked to store its answer unless it may not be."""
         if not a.fresh or not a.mode.stores:
             return a.request
-        store = CacheStore(
-            digest=a.digest,
-            generation=a.generation,
-            ttl_s=self.settings.cache_ttl_s,
-            shared=a.scope == SHARED_SCOPE,
-            retrieval_version=a.retrieval_version,
-        )
-        return a.request.model_copy(update={"cache_store": store})
+        ttl_s = self.settings.cache_ttl_s
+        return to_store(a.request, a.scope, a.digest, a.generation, ttl_s, a.retrieval_version)
 
     async def answer(self, client: aioredis.Redis, a: Asked, send: Send) -> bool:
         """Answer a hit: its stream, its completion, its done marker. False when Kafka did

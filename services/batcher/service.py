@@ -69,7 +69,14 @@ from shared.kafka_io import (
     start_consumer,
     unless_stopped,
 )
-from shared.messages import Batch, BatcherStatus, GenerateRequest, Priority, WorkerHeartbeat
+from shared.messages import (
+    Batch,
+    BatcherStatus,
+    GenerateRequest,
+    Priority,
+    WorkerHeartbeat,
+    seed_of,
+)
 from shared.metrics import serve_metrics
 from shared.names import Names
 from shared.prefix_hash import AFFINITY_DEPTH, block_hashes
@@ -335,10 +342,14 @@ class BatcherService:
             return False
 
         async def send(topic: str, value: bytes, key: bytes) -> None:
-            ack = await self.producer.send(topic, value, key=key)
-            if not (await asyncio.wait({ack}, timeout=HIT_SEND_TIMEOUT_S))[0]:
-                raise KafkaTimeoutError("a cache hit's completion unacknowledged")
-            ack.result()
+            try:
+                ack = await self.producer.send(topic, value, key=key)
+                if not (await asyncio.wait({ack}, timeout=HIT_SEND_TIMEOUT_S))[0]:
+                    raise KafkaTimeoutError("a cache hit's completion unacknowledged")
+                ack.result()
+            except KafkaError as exc:
+                kafka_failed(self.kafka, exc)  # later hits wait for Kafka, not each 5 s
+                raise
 
         try:
             return await self.redis.call(lambda c: self.cache.answer(c, asked, send))
@@ -368,7 +379,10 @@ class BatcherService:
         if size > self._request_room:
             detail = f"{size} bytes encoded; a batch holds at most {self._request_room}"
             return Rejected.of(msg, "too_large", detail, rid)
-        return Pending(tp, msg.offset, req, size, client_seeded=sent.sampling.seed is not None)
+        # A seed derived from the id (shared.producer seeds every request so) is not the
+        # client's choice: the answer could never be asked for again.
+        seeded = sent.sampling.seed not in (None, seed_of(rid))
+        return Pending(tp, msg.offset, req, size, client_seeded=seeded)
 
     def _enqueue(self, p: Pending, now: float) -> None:
         # The fair queue's cost is a character-based token estimate: tokenizing happens

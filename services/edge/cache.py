@@ -49,14 +49,20 @@ from services.edge.config import EdgeSettings
 from services.edge.metrics import EdgeMetrics
 from shared import token_stream
 from shared.cache.keys import (
-    SHARED_SCOPE,
     exact_digest,
     model_identity,
     reproducible,
 )
-from shared.cache.store import extra_inputs, hit_completion, read_exact, replay_events
+from shared.cache.store import (
+    cache_scope,
+    extra_inputs,
+    hit_completion,
+    read_exact,
+    replay_events,
+    to_store,
+)
 from shared.codec import encode
-from shared.messages import CacheMode, CacheResult, CacheStore, GenerateRequest
+from shared.messages import CacheMode, CacheResult, GenerateRequest
 from shared.names import Names
 from shared.retry import REDIS_DOWN
 
@@ -171,7 +177,7 @@ class ResponseCache:
             await self.semantic.embedder.embedder()
 
     def scope(self, tenant: str) -> str:
-        return SHARED_SCOPE if self.settings.cache_shared else tenant
+        return cache_scope(tenant, self.settings.cache_shared)
 
     async def generation(self, scope: str) -> int:
         raw = await self.redis.get(self.names.cache(scope, "gen"))
@@ -235,14 +241,8 @@ class ResponseCache:
             # after the request finishes.
             vector = probe.vector if probe is not None else None
             self._remember(semantic.remember(scope, gen, req, digest, vector), req.request_id)
-        store = CacheStore(
-            digest=digest,
-            generation=gen,
-            ttl_s=self.settings.cache_ttl_s,
-            shared=scope == SHARED_SCOPE,
-            retrieval_version=retrieval_version,
-        )
-        stored = req.model_copy(update={"cache_store": store})
+        ttl_s = self.settings.cache_ttl_s
+        stored = to_store(req, scope, digest, gen, ttl_s, retrieval_version)
         return Lookup(CacheResult.MISS, stored, coalesce=coalesce)
 
     async def _claim(

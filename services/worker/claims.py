@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared import token_stream
-from shared.codec import decode
+from shared.codec import DecodeError, decode
 from shared.messages import TokenEvent
 from shared.names import Names
 from shared.redis_client import RedisAccess
@@ -121,7 +121,7 @@ class Claims:
         for res in await self._execute(cmds):
             done, cancelled, ours, last, before = res
             seq = token_stream.seq_of(last[0][0]) if last else -1
-            finished = bool(last) and decode(TokenEvent, last[0][1][1]).final
+            finished = bool(last) and _final(last[0][1][1])
             claim = Claim(bool(done), bool(cancelled), bool(ours), seq, int(before), finished)
             out.append(claim)
         return out
@@ -155,6 +155,14 @@ class Claims:
 
     async def aclose(self) -> None:
         await self.conn.aclose()
+
+
+def _final(entry: bytes) -> bool:
+    """Whether a replay-log entry is a final event (one that cannot be read is not)."""
+    try:
+        return decode(TokenEvent, entry).final
+    except DecodeError:
+        return False
 
 
 def _eval(script: bytes, keys: list[str], args: list[bytes]) -> bytes:

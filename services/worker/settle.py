@@ -49,6 +49,8 @@ class Settler:
         landed = await self._landed([st for st in owed if st.resettled])
         await self._send_completions([st for st in owed if st.request_id not in landed])
         await self._store_answers([st for st in ended if storable(st.request, st.final)])
+        # A request settled from a lost worker's log may have had its dead letter sent
+        # already: it is sent again (twice, never lost).
         for st in ended:
             if st.final is not None and st.final.error is not None:
                 ctx.metrics.failures.labels(st.final.error.code).inc()

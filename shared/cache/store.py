@@ -16,9 +16,40 @@ import redis.asyncio as aioredis
 
 from shared import token_stream
 from shared.cache.keys import SHARED_SCOPE, STORABLE_FINISHES
-from shared.messages import CacheResult, Completion, FinishReason, GenerateRequest, TokenEvent
+from shared.messages import (
+    CacheResult,
+    CacheStore,
+    Completion,
+    FinishReason,
+    GenerateRequest,
+    TokenEvent,
+)
 from shared.names import Names
 from shared.retrieval.store import RetrievalError, index_version
+
+
+def cache_scope(tenant: str, shared: bool) -> str:
+    """The cache scope a tenant's entries live in (one for all when tenants share)."""
+    return SHARED_SCOPE if shared else tenant
+
+
+def to_store(
+    req: GenerateRequest,
+    scope: str,
+    digest: str,
+    generation: int,
+    ttl_s: int,
+    retrieval_version: str | None,
+) -> GenerateRequest:
+    """``req`` asking its worker to store its answer as entry ``digest`` of ``scope``."""
+    store = CacheStore(
+        digest=digest,
+        generation=generation,
+        ttl_s=ttl_s,
+        shared=scope == SHARED_SCOPE,
+        retrieval_version=retrieval_version,
+    )
+    return req.model_copy(update={"cache_store": store})
 
 
 def storable(req: GenerateRequest, final: TokenEvent | None) -> bool:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest, StepOutput
 from services.worker.engine.request import Status
-from services.worker.engine.sampler import SamplingConfig, sample
+from services.worker.engine.sampler import Picker, SamplingConfig
 from shared.messages import MAX_STOP_STRINGS, SEED_MAX, SamplingParams
 from tests.unit.test_engine import collect, random_ids, reference
 
@@ -171,7 +171,8 @@ def test_non_finite_logits_fail_their_row_only() -> None:
     logits[2] = float("-inf")
     logits[3, 0] = float("inf")
     greedy, warm = SamplingConfig(), SamplingConfig(temperature=0.7, seed=1)
-    picks = sample(logits, [greedy, warm, greedy, warm], [None] * 4)
+    picker = Picker(logits, [greedy, warm, greedy, warm])
+    picks = [picker.pick(i, None) for i in range(4)]
     assert picks[0] == int(logits[0].argmax())
     assert picks[1:] == [None, None, None]
 

@@ -135,22 +135,13 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator | 
     return gen
 
 
-def sample(
-    logits: torch.Tensor,
-    configs: list[SamplingConfig],
-    generators: list[torch.Generator | None],
-) -> list[int | None]:
-    """Pick one token per row of ``logits`` (shape [rows, vocab]); ``None`` for a row whose
-    logits hold a NaN or +inf, or nothing but -inf."""
-    picker = Picker(logits, configs)
-    return [picker.pick(i, g) for i, g in enumerate(generators)]
-
-
 class Picker:
-    """Each row's distribution, ready to draw from one row at a time: a row's draw takes
-    from its generator exactly what ``sample`` takes, so a caller that draws rows in order
-    and stops early (speculation's verification, at the first rejected draft) leaves each
-    generator where drawing those tokens one step at a time would."""
+    """Each row's distribution of ``logits`` (shape [rows, vocab]), ready to draw from one
+    row at a time (``None`` for a row whose logits hold a NaN or +inf, or nothing but
+    -inf). A row's draw takes one multinomial draw from its generator, so a caller that
+    draws rows in order and stops early (speculation's verification, at the first
+    rejected draft) leaves each generator where drawing those tokens one step at a time
+    would."""
 
     def __init__(self, logits: torch.Tensor, configs: list[SamplingConfig]) -> None:
         logits = logits.float()
@@ -189,7 +180,7 @@ def _filtered_probs(scaled: torch.Tensor, configs: list[SamplingConfig]) -> torc
     vocab = scaled.shape[-1]
     top_k = [c.top_k if 0 < c.top_k < vocab else vocab for c in configs]
     top_p = [c.top_p for c in configs]
-    # Non-finite rows are reported by ``sample``; here they only must not raise.
+    # Non-finite rows are reported by ``Picker``; here they only must not raise.
     scaled = _min_p(scaled.nan_to_num(nan=float("-inf")), [c.min_p for c in configs])
     if max(top_k) == vocab and min(top_p) >= 1.0:
         return torch.softmax(scaled, dim=-1)

@@ -166,7 +166,7 @@ class Scheduler:
         # it (nor below ``cut``, the priority the running sequences were cut at): an
         # interactive request's first token waits for the whole step, so bulk prefill
         # joins in the next one.
-        prefills = [w.seq.priority for w in plan.work if w.num_tokens > 1]
+        prefills = [w.seq.priority for w in plan.work if w.num_tokens - w.draft > 1]
         urgent = min(prefills + ([] if cut is None else [cut]), default=None)
         at = 0
         while at < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_running:
