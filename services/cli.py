@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol, TypeAlias
 
 from services.keys import add_keys_parser
+from services.ops.costs import add_costs_option
 from shared.logs import setup_logging
 from shared.settings import CommonSettings, SettingsError
 
@@ -448,16 +449,6 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
     be.set_defaults(fn=cmd_bench_engine)
 
 
-def _costs_option(p: argparse.ArgumentParser, names: str) -> None:
-    p.add_argument(
-        "--costs",
-        default="",
-        metavar="PATH",
-        help=f"merge {names} into this costs file (read by `tokenwire plan`), "
-        "e.g. reports/costs.json",
-    )
-
-
 def _add_bench_batcher_parser(bsub: Subparsers) -> None:
     bb = bsub.add_parser(
         "batcher", help="window and routing on a local cluster (needs Kafka, Redis)"
@@ -471,7 +462,7 @@ def _add_bench_batcher_parser(bsub: Subparsers) -> None:
         default="reports/bench_batcher.json",
         help="the JSON report (default: reports/bench_batcher.json)",
     )
-    _costs_option(bb, "batcher_requests_per_s")
+    add_costs_option(bb, "batcher_requests_per_s")
     bb.set_defaults(fn=cmd_bench_batcher)
 
 
@@ -487,7 +478,7 @@ def _add_bench_e2e_parser(bsub: Subparsers) -> None:
         default="reports/e2e",
         help="folder of report.json, the plots and the services' logs (default: reports/e2e)",
     )
-    _costs_option(
+    add_costs_option(
         e2e,
         "each service's CPU per token (worker, engine, batcher, edge), the batcher's per "
         "request and the pipeline's tokens/s",

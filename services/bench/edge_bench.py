@@ -43,7 +43,7 @@ from services.bench.cluster import Stack
 from services.bench.cpu import cpu_seconds
 from services.bench.sse_client import EventStream, OnFrames
 from services.bench.stats import pct
-from services.ops.costs import Cost, measured, merge_costs
+from services.ops.costs import Cost, add_costs_option, measured, merge_costs
 from shared.messages import FinishReason, TokenEvent
 from shared.names import Names
 from shared.resp import RespParser, RespWriter, command, connect
@@ -385,13 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the JSON report (default: reports/bench_edge.json; the edge's log goes to "
         "logs/ beside it)",
     )
-    p.add_argument(
-        "--costs",
-        default="",
-        metavar="PATH",
-        help="merge edge_events_per_s and edge_cpu_us_per_event (top level) into this costs "
-        "file, e.g. reports/costs.json",
-    )
+    add_costs_option(p, "edge_events_per_s and edge_cpu_us_per_event")
     return p
 
 

@@ -34,7 +34,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from services.bench.cpu import cpu_seconds
-from services.ops.costs import Cost, measured, merge_costs
+from services.ops.costs import Cost, add_costs_option, measured, merge_costs
 from shared.codec import encode
 from shared.kafka_io import ensure_topics, make_admin, make_producer
 from shared.messages import Batch, FinishReason, GenerateRequest, SamplingParams, TokenEvent
@@ -234,13 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", default="reports/bench_infra.json", help="the JSON report ('' for none)"
     )
-    p.add_argument(
-        "--costs",
-        default="",
-        metavar="PATH",
-        help="merge redis_events_per_s, kafka_records_per_s and the rest into this costs "
-        "file, e.g. reports/costs.json",
-    )
+    add_costs_option(p, "redis_events_per_s, kafka_records_per_s and the rest")
     return p
 
 

@@ -11,6 +11,7 @@ complete), leaving the other entries as they were.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -73,3 +74,14 @@ def merge_costs(path: Path, new: dict[str, Cost]) -> dict[str, Cost]:
 def values(costs: dict[str, Cost]) -> dict[str, float]:
     """Name → value, what the capacity model reads."""
     return {name: c.value for name, c in costs.items()}
+
+
+def add_costs_option(p: argparse.ArgumentParser, names: str) -> None:
+    """A benchmark's ``--costs PATH``: merge the figures ``names`` says into that file."""
+    p.add_argument(
+        "--costs",
+        default="",
+        metavar="PATH",
+        help=f"merge {names} into this costs file (read by `tokenwire plan`), "
+        "e.g. reports/costs.json",
+    )
