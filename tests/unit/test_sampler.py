@@ -10,10 +10,20 @@ from collections import Counter
 import pytest
 import torch
 
-from services.worker.engine.sampler import SamplingConfig, adjust, make_generator, sample
+from services.worker.engine.sampler import Picker, SamplingConfig, adjust, make_generator
 
 CPU = torch.device("cpu")
 VOCAB = 50
+
+
+def sample(
+    logits: torch.Tensor,
+    configs: list[SamplingConfig],
+    generators: list[torch.Generator | None],
+) -> list[int | None]:
+    """One token per row of ``logits``, drawn row by row as the engine draws them."""
+    picker = Picker(logits, configs)
+    return [picker.pick(i, g) for i, g in enumerate(generators)]
 
 
 def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
