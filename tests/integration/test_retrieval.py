@@ -147,7 +147,11 @@ async def _batched(st: Stack, request_ids: Sequence[str]) -> dict[str, GenerateR
 async def _worker_prompts(st: Stack, model_dir: str, n: int = 1) -> list[str]:
     """Ask the question ``n`` times at once; the system message each worker ran, checked
     to be the prompt it counted (usage.prompt_tokens)."""
-    answers = await asyncio.gather(*(_ask(st, _chat(QUESTION)) for _ in range(n)))
+    # Each its own max_tokens: identical requests in flight together share one generation
+    # (miss coalescing), and this reads what the worker ran for each. The cache is still
+    # looked up, so an answer grounded on an older index version would show (not batched).
+    bodies_in = [{**_chat(QUESTION), "max_tokens": 4 + i} for i in range(n)]
+    answers = await asyncio.gather(*(_ask(st, b) for b in bodies_in))
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
     bodies = [a.json() for a in answers]
     ran = await _batched(st, [b["id"] for b in bodies])
