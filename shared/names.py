@@ -2,6 +2,14 @@
 
 A prefix (``TW_TOPIC_PREFIX``, default ``tw``) namespaces everything, so several stacks or
 test runs can share one Kafka cluster and one Redis server without seeing each other.
+
+Redis keys that one command or script touches together carry the same hash tag (the part
+in braces), so on a Redis Cluster they live in one slot: a request's channel, replay log,
+claim, attempts, owner, cancel flag and done marker are tagged with its id, a tenant's
+cache keys with the tenant, an API key's rate buckets with the key. ``sharded`` (a Redis
+Cluster, ``TW_REDIS_CLUSTER``) carries token channels on sharded pub/sub (``SPUBLISH``,
+``SSUBSCRIBE``: each message stays on its slot's shard) instead of the classic commands,
+which a cluster relays to every node.
 """
 
 from __future__ import annotations
@@ -14,6 +22,12 @@ class Names:
     """Topic, channel and key names under one prefix."""
 
     prefix: str = "tw"
+    sharded: bool = False
+
+    @property
+    def publish(self) -> bytes:
+        """The command that publishes on a token channel."""
+        return b"SPUBLISH" if self.sharded else b"PUBLISH"
 
     # --- Kafka topics ---------------------------------------------------------------
     @property
@@ -62,32 +76,32 @@ class Names:
     # --- Redis --------------------------------------------------------------------------
     def token_channel(self, request_id: str) -> str:
         """Pub/sub channel carrying a request's live token events."""
-        return f"{self.prefix}:tok:{request_id}"
+        return f"{self.prefix}:tok:{{{request_id}}}"
 
     def token_log(self, request_id: str) -> str:
         """Redis Stream holding a request's events for replay (resume after disconnect)."""
-        return f"{self.prefix}:log:{request_id}"
+        return f"{self.prefix}:log:{{{request_id}}}"
 
     def done_marker(self, request_id: str) -> str:
         """Key set when a request has finished, so a redelivered batch skips it."""
-        return f"{self.prefix}:done:{request_id}"
+        return f"{self.prefix}:done:{{{request_id}}}"
 
     def claim(self, request_id: str) -> str:
         """Key naming the worker generating a request (expires if that worker dies)."""
-        return f"{self.prefix}:claim:{request_id}"
+        return f"{self.prefix}:claim:{{{request_id}}}"
 
     def attempts(self, request_id: str) -> str:
         """Counter of the claims taken on a request that did not end cleanly (its worker
         crashed): past a limit the request is quarantined as a poison."""
-        return f"{self.prefix}:attempts:{request_id}"
+        return f"{self.prefix}:attempts:{{{request_id}}}"
 
     def cancelled(self, request_id: str) -> str:
         """Key set when a request is cancelled, for a worker that picks it up later."""
-        return f"{self.prefix}:cancelled:{request_id}"
+        return f"{self.prefix}:cancelled:{{{request_id}}}"
 
     def owner(self, request_id: str) -> str:
         """Key holding the tenant that submitted a request (resume/cancel are tenant-scoped)."""
-        return f"{self.prefix}:owner:{request_id}"
+        return f"{self.prefix}:owner:{{{request_id}}}"
 
     def batch_api(self, *parts: str) -> str:
         """A key of the Batch API's files and batches (``services/edge/batch_store.py``)."""
@@ -100,7 +114,7 @@ class Names:
 
     def rate_bucket(self, key_id: str, kind: str) -> str:
         """A token bucket of one API key (``kind``: requests or tokens)."""
-        return f"{self.prefix}:rl:{kind}:{key_id}"
+        return f"{self.prefix}:rl:{{{key_id}}}:{kind}"
 
     @property
     def batcher_status_prefix(self) -> str:
@@ -152,7 +166,7 @@ class Names:
         bumps it), exact entries (``x:<generation>:<digest>``), the in-flight markers of
         misses being generated (``f:<generation>:<digest>``) and semantic entries
         (``s:<generation>``, a hash of entry id to vector and metadata)."""
-        return ":".join((self.prefix, "cache", tenant, *parts))
+        return ":".join((self.prefix, "cache", "{" + tenant + "}", *parts))
 
     def cache_exact(self, tenant: str, generation: int, digest: str) -> str:
         """The events of the tenant's exact-cache entry ``digest``."""

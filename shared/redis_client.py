@@ -7,16 +7,22 @@ password in the URL still works; ``TW_REDIS_USERNAME`` and ``TW_REDIS_PASSWORD``
 ``TW_REDIS_PASSWORD_FILE``) override it. ``rediss://`` turns TLS on, verified against
 ``TW_REDIS_TLS_CA_FILE`` (the system's CAs when empty), with a client certificate when
 ``TW_REDIS_TLS_CERT_FILE`` and ``TW_REDIS_TLS_KEY_FILE`` are set.
+
+``TW_REDIS_CLUSTER`` says the URL names a node of a Redis Cluster: redis-py clients are then
+``RedisCluster`` (which follows the slots' owners and their failovers) and the raw RESP paths
+route each command to its slot's master (``shared.resp.Topology``). Every key a command or
+script touches together shares a hash tag (``shared.names``), so it works on both.
 """
 
 from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from shared.credentials import client_tls, secret
 
@@ -34,6 +40,7 @@ class RedisAccess:
     ca_file: str = ""
     cert_file: str = ""
     key_file: str = ""
+    cluster: bool = False
 
     @classmethod
     def of(cls, settings: CommonSettings) -> RedisAccess:
@@ -45,6 +52,7 @@ class RedisAccess:
             settings.redis_tls_ca_file,
             settings.redis_tls_cert_file,
             settings.redis_tls_key_file,
+            settings.redis_cluster,
         )
 
     @property
@@ -82,12 +90,18 @@ class RedisAccess:
         return client_tls(self.ca_file, self.cert_file, self.key_file)
 
     def client(self, **options: Any) -> aioredis.Redis:
-        """A redis-py client (``options``: timeouts, retry, …)."""
+        """A redis-py client (``options``: timeouts, retry, …); a ``RedisCluster`` on a
+        cluster. It is typed as ``Redis``: the project calls only commands both serve, on
+        keys that share a slot wherever one call touches several."""
+        if self.cluster:
+            cluster = RedisCluster.from_url(self.url, **self.kwargs(), **options)
+            return cast(aioredis.Redis, cluster)
         return aioredis.Redis.from_url(self.url, **self.kwargs(), **options)
 
     def __repr__(self) -> str:  # never print the password
         user, _ = self.login()
-        return f"RedisAccess({urlsplit(self.url).hostname!r}, user={user!r}, tls={self.tls})"
+        host = urlsplit(self.url).hostname
+        return f"RedisAccess({host!r}, user={user!r}, tls={self.tls}, cluster={self.cluster})"
 
 
 def as_access(target: str | RedisAccess) -> RedisAccess:

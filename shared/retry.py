@@ -26,6 +26,11 @@ REDIS_DOWN: tuple[type[BaseException], ...] = (
     redis_errors.TimeoutError,
     redis_errors.BusyLoadingError,
     redis_errors.OutOfMemoryError,
+    # A cluster between a master's loss and its replica's promotion, or moving a slot.
+    redis_errors.ClusterDownError,  # MasterDownError among them
+    redis_errors.TryAgainError,
+    redis_errors.SlotNotCoveredError,
+    redis_errors.ClusterError,  # RedisCluster gave up on a command's retries
     OSError,  # ConnectionError and TimeoutError among them
 )
 KAFKA_DOWN: tuple[type[BaseException], ...] = (
@@ -36,8 +41,12 @@ KAFKA_DOWN: tuple[type[BaseException], ...] = (
 
 
 def transient_reply(reply: object) -> bool:
-    """Whether a raw RESP error reply says Redis is out of memory or still loading."""
-    return isinstance(reply, RedisReplyError) and str(reply).startswith(("OOM", "LOADING"))
+    """Whether a raw RESP error reply says Redis is out of memory or still loading, or a
+    cluster is between owners of a slot (a failover, a slot moving)."""
+    return isinstance(reply, RedisReplyError) and str(reply).startswith(TRANSIENT_REPLIES)
+
+
+TRANSIENT_REPLIES = ("OOM", "LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")
 
 
 def backoff(failures: int, *, first_s: float = 0.05, cap_s: float = 2.0) -> float:

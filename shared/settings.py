@@ -99,6 +99,11 @@ class CommonSettings(EnvSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="the Redis server (rediss://: TLS)"
     )
+    redis_cluster: bool = Field(
+        False,
+        description="Redis is a Redis Cluster: the URL names any node, the clients follow "
+        "the slots' owners",
+    )
     redis_username: str = Field("", description="the service's Redis ACL user (empty: the URL's)")
     redis_password: str = Field(
         "", repr=False, description="its password (empty: the file's, or the URL's)"
@@ -160,7 +165,7 @@ class CommonSettings(EnvSettings):
 
     @property
     def names(self) -> Names:
-        return Names(self.topic_prefix)
+        return Names(self.topic_prefix, self.redis_cluster)
 
     @property
     def index_root(self) -> Path:

@@ -1,4 +1,7 @@
-"""Token streams over Redis: pub/sub for live delivery, a Redis Stream as the replay log.
+"""Token streams over Redis: pub/sub for live delivery (sharded on a Redis Cluster:
+``Names.sharded``), a Redis Stream as the replay log. A request's channel and log share its
+hash tag, so on a cluster both live on its slot's master and the pub/sub traffic splits
+across the shards instead of every node relaying every message.
 
 Writer: each event is appended to the request's log (stream id ``0-<seq+1>``) *before* it
 is published, so a reader that subscribes first and then reads the log sees every event:
@@ -40,7 +43,7 @@ def event_commands(
         out.append((b"XADD", log_key, b"MAXLEN", b"~", maxlen, entry, b"d", data))
         if ev.seq == 0 or ev.final:
             out.append((b"EXPIRE", log_key, ttl))
-        out.append((b"PUBLISH", names.token_channel(ev.request_id).encode(), data))
+        out.append((names.publish, names.token_channel(ev.request_id).encode(), data))
     return out
 
 
@@ -128,7 +131,13 @@ async def follow(
     """Yield a request's events with seq > ``after_seq`` exactly once each, in order,
     until the final event. Raises ``TimeoutError`` after ``idle_timeout_s`` without one."""
     pubsub = client.pubsub()
-    await pubsub.subscribe(names.token_channel(request_id))
+    channel = names.token_channel(request_id)
+    if names.sharded:  # a cluster's pub/sub: a connection to the channel's shard
+        await pubsub.ssubscribe(channel)
+        get_message = pubsub.get_sharded_message  # type: ignore[attr-defined]
+    else:
+        await pubsub.subscribe(channel)
+        get_message = pubsub.get_message
     next_seq = after_seq + 1
     try:
         for ev in await read_log(client, names, request_id, after_seq=after_seq):
@@ -140,7 +149,7 @@ async def follow(
         loop = asyncio.get_running_loop()
         last_event_at = loop.time()
         while True:
-            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            msg = await get_message(ignore_subscribe_messages=True, timeout=1.0)
             if msg is None:
                 if idle_timeout_s is not None and loop.time() - last_event_at > idle_timeout_s:
                     raise TimeoutError(f"no event for {request_id} in {idle_timeout_s}s")
@@ -163,5 +172,5 @@ async def follow(
                 if item.final:
                     return
     finally:
-        await pubsub.unsubscribe()
+        await (pubsub.sunsubscribe() if names.sharded else pubsub.unsubscribe())
         await pubsub.aclose()

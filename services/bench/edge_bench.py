@@ -151,7 +151,7 @@ async def publish_steps(
             )
             for rid in rids
         ]
-        await writer.execute([command(*c) for c in event_commands(names, events)])
+        await writer.execute(event_commands(names, events))
         await asyncio.sleep(step_ms / 1000)
 
 

@@ -110,7 +110,7 @@ async def redis_run(settings: CommonSettings, cfg: InfraConfig) -> dict[str, Any
                 )
                 for r in rids
             ]
-            await writer.execute([command(*c) for c in event_commands(names, step)])
+            await writer.execute(event_commands(names, step))
         await asyncio.wait_for(sub, 120)
         wall, cpu = time.perf_counter() - t0, await _redis_cpu(client) - cpu0
         await client.delete(*(names.token_log(r) for r in rids))

@@ -320,7 +320,9 @@ class BatchStore:
 
     # --- batches ----------------------------------------------------------------------
     async def create(self, rec: BatchRecord) -> None:
-        pipe = self.redis.pipeline(transaction=True)
+        # Three slots on a Redis Cluster, so no transaction: the batch is written before
+        # it is listed, and an edge that fails between leaves it unlisted, not half-made.
+        pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self._batch(rec.id), mapping=dict(rec.to_hash()))
         pipe.zadd(self._listing(rec.tenant), {rec.id: rec.created_at})
         pipe.sadd(self._active, rec.id)
@@ -364,8 +366,9 @@ class BatchStore:
         return sorted(_s(m) for m in await self.redis.smembers(self._active))
 
     async def retire(self, batch_id: str) -> None:
-        """The batch has ended: no edge advances it; its input copy is dropped."""
-        pipe = self.redis.pipeline(transaction=True)
+        """The batch has ended: no edge advances it; its input copy is dropped (two slots on
+        a Redis Cluster: in that order, each safe to repeat)."""
+        pipe = self.redis.pipeline(transaction=False)
         pipe.srem(self._active, batch_id)
         pipe.delete(self._input(batch_id))
         await pipe.execute()

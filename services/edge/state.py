@@ -41,14 +41,24 @@ def redis_client(settings: EdgeSettings) -> aioredis.Redis:
     briefly, so a stale pooled connection after a Redis restart is not an error, while
     an outage still surfaces within about a second."""
     access = settings.redis
+    retry = Retry(ExponentialWithJitterBackoff(cap=0.25, base=0.02), retries=2)
+    timeouts = {
+        "socket_timeout": settings.redis_timeout_s,
+        "socket_connect_timeout": settings.redis_timeout_s,
+    }
+    if access.cluster:
+        # RedisCluster keeps a pool per node, of the same size; past it a command is
+        # refused (MaxConnectionsError, a 503 at the edge) rather than waiting.
+        return access.client(
+            max_connections=settings.redis_max_connections, retry=retry, **timeouts
+        )
     pool = aioredis.BlockingConnectionPool.from_url(
         access.url,
         **access.kwargs(),
         max_connections=settings.redis_max_connections,
         timeout=settings.redis_timeout_s,
-        socket_timeout=settings.redis_timeout_s,
-        socket_connect_timeout=settings.redis_timeout_s,
-        retry=Retry(ExponentialWithJitterBackoff(cap=0.25, base=0.02), retries=2),
+        retry=retry,
+        **timeouts,
     )
     return aioredis.Redis.from_pool(pool)
 

@@ -85,7 +85,7 @@ class Letter:
 
 def replays_key(names: Names, request_id: str) -> str:
     """Counter of the times a request was replayed from the dead-letter topic."""
-    return f"{names.prefix}:dlq:replays:{request_id}"
+    return f"{names.prefix}:dlq:replays:{{{request_id}}}"  # the request's slot
 
 
 # --- pure parts ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from shared.codec import DecodeError, decode
 from shared.messages import TokenEvent
 from shared.names import Names
 from shared.redis_client import RedisAccess
-from shared.resp import RedisReplyError, RespWriter, command
+from shared.resp import RedisReplyError, RespWriter
 from shared.retry import transient_reply
 
 # Claims taken without a clean end after which a request is not run again: two crashes.
@@ -144,7 +144,7 @@ class Claims:
         ]
         await self._execute(cmds)
 
-    async def _execute(self, cmds: list[bytes]) -> list[Any]:
+    async def _execute(self, cmds: list[tuple[bytes, ...]]) -> list[Any]:
         res = await self.conn.execute(cmds)
         for r in res:
             if transient_reply(r):  # out of memory or loading: the caller waits it out
@@ -165,5 +165,5 @@ def _final(entry: bytes) -> bool:
         return False
 
 
-def _eval(script: bytes, keys: list[str], args: list[bytes]) -> bytes:
-    return command(b"EVAL", script, b"%d" % len(keys), *(k.encode() for k in keys), *args)
+def _eval(script: bytes, keys: list[str], args: list[bytes]) -> tuple[bytes, ...]:
+    return (b"EVAL", script, b"%d" % len(keys), *(k.encode() for k in keys), *args)

@@ -17,7 +17,7 @@ from shared import token_stream
 from shared.messages import TokenEvent
 from shared.names import Names
 from shared.redis_client import RedisAccess
-from shared.resp import RedisReplyError, RespWriter, command
+from shared.resp import RedisReplyError, RespWriter
 from shared.retry import REDIS_DOWN, Dependency, transient_reply
 
 log = logging.getLogger(__name__)
@@ -39,9 +39,8 @@ class EventPublisher:
         if not pairs:
             return
         cmds = token_stream.event_commands(self.names, [ev for _, ev in pairs])
-        packed = [command(*c) for c in cmds]
-        replies = await self.redis.call(lambda: self._write(packed), REDIS_DOWN)
-        listeners = [r for c, r in zip(cmds, replies, strict=True) if c[0] == b"PUBLISH"]
+        replies = await self.redis.call(lambda: self._write(cmds), REDIS_DOWN)
+        listeners = [r for c, r in zip(cmds, replies, strict=True) if c[0] == self.names.publish]
         now = time.monotonic()
         for (st, _), heard in zip(pairs, listeners, strict=True):
             st.heard(isinstance(heard, int) and heard > 0, now)
@@ -50,8 +49,8 @@ class EventPublisher:
                 # E.g. an event another worker logged first: readers drop it by seq.
                 log.warning("redis: %s (%s)", r, c[1].decode(errors="replace"))
 
-    async def _write(self, packed: list[bytes]) -> list[object]:
-        replies = await self.conn.execute(packed)
+    async def _write(self, cmds: list[tuple[bytes, ...]]) -> list[object]:
+        replies = await self.conn.execute(cmds)
         if any(transient_reply(r) for r in replies):  # out of memory or loading: retry all
             raise ConnectionError(f"redis refused the write: {replies}")
         return replies

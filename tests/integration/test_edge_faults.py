@@ -26,7 +26,7 @@ import pytest
 from services.bench.edge_bench import publish_steps
 from shared.messages import FinishReason, TokenEvent
 from shared.names import Names
-from shared.resp import RespWriter, command
+from shared.resp import RespWriter
 from shared.token_stream import event_commands
 from tests.conftest import new_prefix
 from tests.integration.harness import Stack, make_stack
@@ -202,9 +202,8 @@ class FakeWorker:
             await self.writer.aclose()
 
     async def _flush(self) -> None:
-        cmds = [command(*c) for c in event_commands(self.names, self.pending)]
         try:
-            await self.writer.execute(cmds)
+            await self.writer.execute(event_commands(self.names, self.pending))
         except ConnectionError:
             return  # Redis away: keep them for the next try
         self.pending = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from shared.resp import RedisReplyError, RespWriter, command
+from shared.resp import RedisReplyError, RespWriter
 from tests.conftest import new_prefix
 
 pytestmark = pytest.mark.integration
@@ -21,10 +21,10 @@ async def test_writer_pipelines_replies_in_order_and_survives_a_killed_connectio
     try:
         replies = await writer.execute(
             [
-                command(b"SET", key, b"v1"),
-                command(b"XADD", key + b":log", b"0-1", b"d", b"x"),
-                command(b"XADD", key + b":log", b"0-1", b"d", b"x"),  # repeated id: an error
-                command(b"GET", key),
+                (b"SET", key, b"v1"),
+                (b"XADD", key + b":log", b"0-1", b"d", b"x"),
+                (b"XADD", key + b":log", b"0-1", b"d", b"x"),  # repeated id: an error
+                (b"GET", key),
             ]
         )
         assert replies[0] == b"OK" and replies[1] == b"0-1" and replies[3] == b"v1"
@@ -33,7 +33,7 @@ async def test_writer_pipelines_replies_in_order_and_survives_a_killed_connectio
         # The server drops the connection; the next batch reconnects and goes through.
         (mine,) = [c for c in await admin.client_list() if c["name"] == writer.name]
         assert await admin.client_kill_filter(_id=mine["id"]) == 1
-        replies = await writer.execute([command(b"SET", key, b"v2"), command(b"GET", key)])
+        replies = await writer.execute([(b"SET", key, b"v2"), (b"GET", key)])
         assert replies == [b"OK", b"v2"]
         assert writer.reconnects == 1
         assert await admin.get(key) == b"v2"

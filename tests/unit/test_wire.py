@@ -431,9 +431,9 @@ def test_every_name_carries_the_prefix() -> None:
     n = Names("t1")
     assert n.topics == ("t1.requests", "t1.batches", "t1.completions", "t1.requests.dlq")
     assert (n.batcher_group, n.worker_group) == ("t1.batcher", "t1.worker")
-    assert n.token_channel("r") == "t1:tok:r"
-    assert n.token_log("r") == "t1:log:r"
-    assert n.done_marker("r") == "t1:done:r"
+    assert n.token_channel("r") == "t1:tok:{r}"
+    assert n.token_log("r") == "t1:log:{r}"
+    assert n.done_marker("r") == "t1:done:{r}"
     assert n.cancel_channel == "t1:cancel"
     assert n.heartbeat("w").startswith(n.heartbeat_prefix)
     assert Names() == Names("tw")
