@@ -13,20 +13,22 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import redis.asyncio as aioredis
 
 from services.batcher.sources import parse_sources
 from services.edge.auth import hash_key, new_key
+from services.edge.hub import RESYNC, Hub, Mailbox
 from shared import registry
 from shared.codec import decode
 from shared.kafka_io import ensure_topics
 from shared.messages import TokenEvent
 from shared.names import Names
+from shared.redis_client import RedisAccess
 from shared.settings import CommonSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +53,7 @@ class Stack:
 
     @property
     def names(self) -> Names:
-        return Names(self.prefix)
+        return self.settings.names
 
     @property
     def settings(self) -> CommonSettings:
@@ -175,17 +177,29 @@ def make_stack(prefix: str, infra: dict[str, str], model_dir: str, log_dir: Path
 class StreamRecorder:
     """Records every token event published under a prefix (one pattern subscription), as a
     client would receive them, duplicates included, and when each stream's first and last
-    events arrived."""
+    events arrived.
+
+    Sharded pub/sub (a Redis Cluster, ``Names.sharded``) has no pattern subscriptions:
+    there the recorder hears only the requests it is told of with ``watch`` (before they
+    are sent), through the edge's own cluster-aware subscriber."""
 
     def __init__(self, redis_url: str, names: Names) -> None:
-        self.client = aioredis.Redis.from_url(redis_url)
+        self.access = RedisAccess(redis_url, cluster=names.sharded)
+        self.client = self.access.client()
         self.names = names
         self.raw: dict[str, list[TokenEvent]] = {}
         self.first_at: dict[str, float] = {}  # wall time the first event arrived
         self.last_at: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
+        self._hub: Hub | None = None
+        self._box = Mailbox()
 
     async def __aenter__(self) -> StreamRecorder:
+        if self.names.sharded:
+            self._hub = Hub(self.access, name="tw-recorder")
+            await self._hub.start()
+            self._task = asyncio.create_task(self._drain())
+            return self
         pubsub = self.client.pubsub()
         await pubsub.psubscribe(self.names.token_channel("*"))
         self._task = asyncio.create_task(self._listen(pubsub))
@@ -196,18 +210,40 @@ class StreamRecorder:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._hub is not None:
+            await self._hub.stop()
         await self.client.aclose()
+
+    async def watch(self, request_ids: Iterable[str]) -> None:
+        """Hear these requests' events from now on (with pattern subscriptions, every
+        request's already)."""
+        if self._hub is None:
+            return
+        hub = self._hub
+        channels = [self.names.token_channel(r).encode() for r in request_ids]
+        await asyncio.gather(*(hub.subscribe(c, self._box) for c in channels))
+
+    def _record(self, data: bytes) -> None:
+        ev = decode(TokenEvent, data)
+        self.raw.setdefault(ev.request_id, []).append(ev)
+        self.first_at.setdefault(ev.request_id, time.time())
+        self.last_at[ev.request_id] = time.time()
 
     async def _listen(self, pubsub: Any) -> None:
         try:
             async for msg in pubsub.listen():
                 if msg["type"] == "pmessage":
-                    ev = decode(TokenEvent, msg["data"])
-                    self.raw.setdefault(ev.request_id, []).append(ev)
-                    self.first_at.setdefault(ev.request_id, time.time())
-                    self.last_at[ev.request_id] = time.time()
+                    self._record(msg["data"])
         finally:
             await pubsub.aclose()
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._box.wait(loop.time() + 3600)
+            for data in self._box.take():
+                if data != RESYNC:  # a reconnect: what went by is in the logs, not heard
+                    self._record(data)
 
     def finished(self) -> set[str]:
         return {rid for rid, evs in self.raw.items() if any(e.final for e in evs)}

@@ -146,6 +146,7 @@ async def open_loop(stack: Stack, mix: Mix, rate: float, seconds: float) -> dict
                         max_tokens=b["max_tokens"], temperature=0, ignore_eos=True
                     ),
                 )
+                await rec.watch([req.request_id])
                 sent[req.request_id] = time.time()
                 await producer.send_and_wait(
                     stack.names.requests, encode(req), key=req.request_id.encode()

@@ -272,7 +272,7 @@ class Hub:
     def _lost_try(self, exc: BaseException) -> None:
         # Once per outage: the edge's Redis probe reports the outage itself.
         level = logging.WARNING if self._failures == 0 else logging.DEBUG
-        log.log(level, "pub/sub: Redis unreachable, retrying: %r", exc)
+        log.log(level, "pub/sub reconnect failed, retrying: %r", exc)
         self._failures += 1
 
     # --- connections ---------------------------------------------------------------------
