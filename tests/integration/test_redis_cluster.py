@@ -1,0 +1,219 @@
+"""The stack on a Redis Cluster (infra/redis.sh's cluster profile: three masters with a
+replica each; the services with ``TW_REDIS_CLUSTER=true`` and one node's URL), and the
+master serving the most running requests killed with SIGKILL under load, then started again.
+
+- Two edges stream answers; the requests' keys spread over the shards, each request's keys
+  (channel, replay log, claim, owner, done marker) on one.
+- A stream is resumed through the other edge with Last-Event-ID.
+- Streaming clients submit short greedy requests through both edges in a loop from before the
+  kill until after the replica has taken over: every request an edge accepted is answered
+  exactly once (SSE ids contiguous from 0, one final event, ``[DONE]``) as an undisturbed run
+  answers it, and each replay log holds seqs 0..n with no gap and no duplicate. A request
+  refused while the slot had no master gets 503 with Retry-After and succeeds when tried
+  again.
+- The killed master's replica is promoted; the killed node, started again, rejoins as a
+  replica. No process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis.exceptions import RedisError
+
+from shared import token_stream
+from shared.redis_client import RedisAccess
+from shared.resp import Topology
+from tests.conftest import new_prefix
+from tests.integration.conftest import ARTIFACTS
+from tests.integration.harness import Stack, make_stack
+from tests.integration.servers import Server, private_redis_cluster
+from tests.integration.test_handoff import FAST_FAILOVER
+from tests.integration.test_kafka_outage import (
+    PROMPTS,
+    UNLIMITED,
+    Load,
+    Refused,
+    Served,
+    check_clients,
+    check_served,
+    client_loop,
+    one_request,
+    served_at_least,
+    undisturbed,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+CLIENTS = 4  # per edge
+EDGES = ("edge", "edge2")
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[Server]:
+    """Three masters and three replicas of this test's own."""
+    srv = private_redis_cluster(tmp_path / "redis-cluster-run", shards=3)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+async def topology(st: Stack) -> Topology:
+    topo = Topology(st.settings.redis)
+    await topo.refresh(5.0)
+    return topo
+
+
+async def check_logs(st: Stack, request_ids: list[str]) -> None:
+    """Each request's replay log: seqs 0..n in order, no gap, no duplicate, one final
+    event, and it is the last."""
+    redis = st.settings.redis.client()
+    try:
+        for rid in request_ids:
+            events = await token_stream.read_log(redis, st.names, rid)
+            seqs = [e.seq for e in events]
+            assert seqs == list(range(len(seqs))) and seqs, f"{rid}: replay log seqs {seqs}"
+            assert [e.final for e in events].count(True) == 1 and events[-1].final, rid
+    finally:
+        await redis.aclose()
+
+
+async def resumed(http: httpx.AsyncClient, st: Stack, served: Served, edge: str) -> list[int]:
+    """The SSE ids ``edge`` sends for ``served``'s stream after its first event."""
+    url = f"{st.url(edge)}/v1/requests/{served.request_id}/stream"
+    ids: list[int] = []
+    async with http.stream("GET", url, headers={"Last-Event-ID": "0"}) as resp:
+        assert resp.status_code == 200, (await resp.aread())[:300]
+        async for line in resp.aiter_lines():
+            if line.startswith("id: "):
+                ids.append(int(line[4:]))
+    return ids
+
+
+async def promoted(st: Stack, victim: tuple[str, int], within_s: float = 30) -> Topology:
+    """The slots' owners once every slot has a master again and ``victim`` serves none."""
+    deadline = time.monotonic() + within_s
+    while True:
+        topo = Topology(st.settings.redis)
+        try:
+            await topo.refresh(2.0)
+            if victim not in topo.masters and len(topo.masters) == 3:
+                return topo
+        except ConnectionError:
+            pass
+        assert time.monotonic() < deadline, "no replica took the killed master's slots"
+        await asyncio.sleep(0.3)
+
+
+async def test_the_stack_on_a_redis_cluster_survives_a_master_killed_under_load(
+    infra: dict[str, str], model_dir: str, redis_cluster: Server
+) -> None:
+    t0 = time.monotonic()
+    ARTIFACTS.mkdir(exist_ok=True)
+    env = {**infra, "TW_REDIS_URL": redis_cluster.url, "TW_REDIS_CLUSTER": "true"}
+    st = make_stack(new_prefix("rcluster"), env, model_dir, ARTIFACTS)
+    assert st.names.sharded
+    await st.create_topics()
+    st.start("worker", **FAST_FAILOVER, TW_MAX_RUNNING="8")
+    st.start("batcher")
+    for edge in EDGES:
+        st.start("edge", edge, **UNLIMITED)
+    load, stop = Load(), asyncio.Event()
+    background: list[asyncio.Task[Any]] = []
+    at: dict[str, float] = {}
+    try:
+        await st.wait_ready(within_s=240)
+        at["ready"] = time.monotonic()
+        async with httpx.AsyncClient(timeout=90, limits=httpx.Limits(max_connections=32)) as http:
+            # Every edge streams; a stream resumes through the other edge.
+            first = {
+                e: await one_request(http, st.url(e) + "/v1/completions", PROMPTS[0]) for e in EDGES
+            }
+            for edge, served in first.items():
+                assert isinstance(served, Served), served
+                check_served(served)
+                other = EDGES[1 - EDGES.index(edge)]
+                assert await resumed(http, st, served, other) == served.ids[1:]
+            topo = await topology(st)
+            assert len(topo.masters) == 3
+
+            clients = [
+                asyncio.create_task(
+                    client_loop(
+                        http, st.url(e) + "/v1/completions", PROMPTS[i::CLIENTS], load, stop
+                    )
+                )
+                for e in EDGES
+                for i in range(CLIENTS)
+            ]
+            background += clients
+            await served_at_least(st, load, 2 * len(clients))
+            shards = Counter(
+                topo.node_of(st.names.token_log(s.request_id).encode()) for s in load.served
+            )
+            assert len(shards) >= 2, f"every request on one shard: {shards}"
+
+            # The master serving the most of the requests so far.
+            victim = shards.most_common(1)[0][0]
+            node = redis_cluster.node_of_port(victim[1])
+            at["kill"] = time.monotonic()
+            await asyncio.to_thread(redis_cluster.kill, node)
+            reference = asyncio.create_task(asyncio.to_thread(undisturbed, model_dir, []))
+            background.append(reference)
+            await promoted(st, victim)
+            at["promoted"] = time.monotonic()
+            served_then = len(load.served)
+            await served_at_least(st, load, served_then + 2 * len(clients))
+            await asyncio.to_thread(redis_cluster.start, node)
+            at["restarted"] = time.monotonic()
+            stop.set()
+            await asyncio.gather(*clients)
+            retried: list[Served | Refused] = []
+            for r in load.refused:
+                retried.append(await one_request(http, st.url() + "/v1/completions", r.prompt))
+            expected = await reference
+        st.check_alive()
+        assert victim not in (await topology(st)).masters
+        assert await redis_cluster_role(redis_cluster, node) == "slave"
+    finally:
+        stop.set()
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        st.stop_all()
+    at["end"] = time.monotonic()
+    print(
+        f"master {victim} killed (served {shards[victim]} of {sum(shards.values())} requests "
+        f"so far); {len(load.served)} served, {len(load.refused)} refused; "
+        + ", ".join(f"{k} at +{v - t0:.1f}s" for k, v in at.items())
+    )
+    check_clients(load, retried, expected)
+    served_ids = [s.request_id for s in [*load.served, *retried] if isinstance(s, Served)]
+    await check_logs(st, served_ids)
+
+
+async def redis_cluster_role(srv: Server, node: int, within_s: float = 30) -> str:
+    """The role (``master``/``slave``) node ``node`` reports once it answers."""
+    deadline = time.monotonic() + within_s
+    while True:
+        client = RedisAccess(srv.node_url(node)).client()
+        try:
+            role = (await client.execute_command("ROLE"))[0]
+            role = role.decode() if isinstance(role, bytes) else str(role)
+            if role == "slave" or time.monotonic() > deadline:
+                return role
+        except (OSError, RedisError):
+            if time.monotonic() > deadline:
+                raise
+        finally:
+            await client.aclose()
+        await asyncio.sleep(0.3)
