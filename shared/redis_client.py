@@ -104,6 +104,14 @@ class RedisAccess:
         return f"RedisAccess({host!r}, user={user!r}, tls={self.tls}, cluster={self.cluster})"
 
 
+async def initialized(client: aioredis.Redis) -> aioredis.Redis:
+    """``client``, with the slots' owners read if it is a cluster's: its pub/sub needs them
+    before the first subscribe (its commands read them themselves)."""
+    if isinstance(client, RedisCluster):
+        await client.initialize()
+    return client
+
+
 def as_access(target: str | RedisAccess) -> RedisAccess:
     """A bare URL (tests, tools) as access with no other credentials."""
     return target if isinstance(target, RedisAccess) else RedisAccess(target)

@@ -35,5 +35,14 @@ async def read_live(
     _, members = await pipe.execute()
     if not members:
         return []
-    values = await client.mget([key_of(m.decode()) for m in members])
+    values = await get_each(client, [key_of(m.decode()) for m in members])
     return [v for v in values if isinstance(v, bytes)]
+
+
+async def get_each(client: aioredis.Redis, keys: list[str]) -> list[object]:
+    """GET of each key in one round trip (per node: a Redis Cluster holds them on many
+    slots, where one MGET must not span more than one)."""
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(key)
+    return list(await pipe.execute())

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from shared.codec import decode, encode
 from shared.messages import TokenEvent
 from shared.names import Names
+from shared.redis_client import initialized
 
 LOG_TTL_S = 3600
 LOG_MAXLEN = 100_000
@@ -130,7 +131,7 @@ async def follow(
 ) -> AsyncIterator[TokenEvent]:
     """Yield a request's events with seq > ``after_seq`` exactly once each, in order,
     until the final event. Raises ``TimeoutError`` after ``idle_timeout_s`` without one."""
-    pubsub = client.pubsub()
+    pubsub = (await initialized(client)).pubsub()
     channel = names.token_channel(request_id)
     if names.sharded:  # a cluster's pub/sub: a connection to the channel's shard
         await pubsub.ssubscribe(channel)

@@ -36,6 +36,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from redis.exceptions import RedisError
 
 from services.ops.dlq import partitions_of
+from shared import registry
 from shared.kafka_io import make_admin, make_consumer
 from shared.names import Names
 from shared.redis_client import redis_client
@@ -284,7 +285,7 @@ async def _registry(client: Any, index: str, key_of: Any) -> dict[str, dict[str,
     ids = [m.decode() for m in await client.zrange(index, 0, -1)]
     if not ids:
         return {}
-    values = await client.mget([key_of(i) for i in ids])
+    values = await registry.get_each(client, [key_of(i) for i in ids])
     out = {}
     for mid, raw in zip(ids, values, strict=True):
         if isinstance(raw, bytes):

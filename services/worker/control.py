@@ -20,6 +20,7 @@ from shared.codec import DecodeError, decode, encode
 from shared.messages import CancelRequest, WorkerHeartbeat
 from shared.model_config import folder_context
 from shared.prefix_hash import AFFINITY_DEPTH
+from shared.redis_client import initialized
 from shared.retry import REDIS_DOWN
 
 log = logging.getLogger("services.worker.service")
@@ -153,6 +154,7 @@ async def listen_for_cancels(ctx: WorkerContext) -> None:
     while True:
         pubsub = ctx.redis.pubsub()
         try:
+            await initialized(ctx.redis)
             await pubsub.subscribe(ctx.names.cancel_channel)
             while True:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
