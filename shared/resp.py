@@ -121,6 +121,7 @@ class Topology:
         self.name = name
         self._slots: list[Addr | None] = []
         self._nodes: list[Addr] = [self.seed]
+        self._replicas: dict[Addr, int] = {}
         self._lock = asyncio.Lock()
         self.stale = self.cluster
         self.refreshes = 0
@@ -146,6 +147,10 @@ class Topology:
         if addr is None:
             raise ConnectionError(f"slot {key_slot(key)} has no master in the Redis Cluster")
         return addr
+
+    def replicas_of(self, addr: Addr) -> int:
+        """How many replicas the master ``addr`` had when the slots were last read."""
+        return self._replicas.get(addr, 0)
 
     def invalidate(self) -> None:
         if self.cluster:
@@ -194,17 +199,23 @@ class Topology:
     def _read_slots(self, reply: list[Any], asked: Addr) -> None:
         slots: list[Addr | None] = [None] * REDIS_CLUSTER_HASH_SLOTS
         nodes: list[Addr] = []
+        replicas_of: dict[Addr, int] = {}
         for first, last, master, *replicas in reply:
             for node in (master, *replicas):
                 # An empty host means the node that was asked.
                 nodes.append((node[0].decode() or asked[0], int(node[1])))
             addr = (master[0].decode() or asked[0], int(master[1]))
             slots[first : last + 1] = [addr] * (last + 1 - first)
+            replicas_of[addr] = len(replicas)
         self._slots = slots
+        self._replicas = replicas_of
         self._nodes = list(dict.fromkeys([*nodes, *self._nodes]))
 
 
 _LOST = (OSError, TimeoutError, asyncio.IncompleteReadError)  # a connection that failed
+# How long a replicated write waits for a replica to have it: past this the master's answer
+# stands alone (a replica that slow or gone is counted again at the next slot read).
+REPLICA_WAIT_MS = 200
 
 
 class _Node:
@@ -263,9 +274,17 @@ class RespWriter:
         self._nodes: dict[Addr, _Node] = {}
         self.reconnects = 0
 
-    async def execute(self, commands: Sequence[Sequence[bytes]]) -> list[Any]:
+    async def execute(
+        self, commands: Sequence[Sequence[bytes]], *, replicated: bool = False
+    ) -> list[Any]:
         """Send ``commands`` (each its parts: name, then arguments); their replies in order
-        (errors as ``RedisReplyError`` values)."""
+        (errors as ``RedisReplyError`` values).
+
+        ``replicated``: on a cluster, return only once a replica of each master written to
+        has the writes too (``WAIT``, up to ``REPLICA_WAIT_MS``), so a master lost right
+        after cannot take acknowledged writes with it: replication is asynchronous, and
+        its replica, promoted, would lack them. A master with no replica (its own was lost)
+        is not waited for."""
         if not commands:
             return []
         replies: list[Any] = [None] * len(commands)
@@ -275,7 +294,9 @@ class RespWriter:
             for attempt in range(self._attempts):
                 try:
                     async with asyncio.timeout(self._timeout):
-                        todo, failure = await self._round(commands, todo, asking, replies)
+                        todo, failure = await self._round(
+                            commands, todo, asking, replies, replicated
+                        )
                 except _LOST as exc:
                     failure = exc  # the whole round: send all of it again
                 if failure is None:
@@ -295,6 +316,7 @@ class RespWriter:
         todo: list[int],
         asking: dict[int, Addr],
         replies: list[Any],
+        replicated: bool,
     ) -> tuple[list[int], BaseException | None]:
         """Send the commands ``todo`` names and fill ``replies``; return those to send
         again (redirected, or sent on a connection that failed) and the first such
@@ -309,7 +331,10 @@ class RespWriter:
                 addr = asking.get(i) or topo.node_of(key_of(commands[i]))
                 groups.setdefault(addr, []).append(i)
         results = await asyncio.gather(
-            *(self._send(addr, idx, commands, asking) for addr, idx in groups.items()),
+            *(
+                self._send(addr, idx, commands, asking, replicated and topo.replicas_of(addr))
+                for addr, idx in groups.items()
+            ),
             return_exceptions=True,
         )
         again: list[int] = []
@@ -340,7 +365,10 @@ class RespWriter:
         idx: list[int],
         commands: Sequence[Sequence[bytes]],
         asking: dict[int, Addr],
+        replicas: int,
     ) -> list[Any]:
+        """``commands[idx]`` on ``addr``'s connection; then, if it has ``replicas``, a WAIT
+        for one of them (its reply is not returned)."""
         node = self._nodes.get(addr)
         if node is None:
             node = self._nodes[addr] = _Node(addr)
@@ -355,10 +383,14 @@ class RespWriter:
                 if i in asking:
                     packed.append(command(b"ASKING"))
                 packed.append(command(*commands[i]))
+            if replicas:
+                packed.append(command(b"WAIT", b"1", b"%d" % REPLICA_WAIT_MS))
             out = await node.run(packed)
         except BaseException:
             node.close()
             raise
+        if replicas and not (isinstance(acked := out.pop(), int) and acked >= 1):
+            self.topology.invalidate()  # its replica is lagging or gone: count them again
         if len(out) == len(idx):
             return out
         # Drop ASKING's replies.

@@ -50,7 +50,9 @@ class EventPublisher:
                 log.warning("redis: %s (%s)", r, c[1].decode(errors="replace"))
 
     async def _write(self, cmds: list[tuple[bytes, ...]]) -> list[object]:
-        replies = await self.conn.execute(cmds)
+        # Replicated: a cluster master lost right after must not take events with it, or
+        # the promoted replica's replay logs would have gaps that no one writes again.
+        replies = await self.conn.execute(cmds, replicated=True)
         if any(transient_reply(r) for r in replies):  # out of memory or loading: retry all
             raise ConnectionError(f"redis refused the write: {replies}")
         return replies
