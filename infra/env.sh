@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the infra scripts: where caches, data and ports live. Every value can be
 # overridden from the environment, so a test stack and a demo stack never collide.
 TW_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -244,6 +244,7 @@ start() {
   [ "$SHARDS" = 1 ] && return
   [ $# != "$COUNT" ] || form_once
   for i in "$@"; do select_node "$i"; wait_served; done
+  wait_agreed
 }
 
 # One field of a node's CLUSTER INFO.
@@ -300,6 +301,34 @@ wait_served() {
     sleep 0.1
   done
   log "every slot served ($(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME-$t0}") s)"
+}
+
+# A node's view of the cluster, in words every node would use alike: each node's id, role,
+# master, whether it is down, and its slots.
+view() {
+  rcli cluster nodes 2>/dev/null | tr -d '\r' | awk '{
+    s = ""; for (k = 9; k <= NF; k++) if ($k !~ /^\[/) s = s " " $k
+    print $1, ($3 ~ /master/ ? "master" : "replica"), $4, ($3 ~ /fail/ ? "down" : "up") s }' | sort
+}
+
+# Wait until every running node sees the same cluster: gossip spreads a change (a new
+# replica, a failover, a node back) a node at a time, and `nodes` asks only one of them.
+wait_agreed() {
+  local i first views deadline=$((SECONDS + ${TW_REDIS_START_TIMEOUT:-30}))
+  while :; do
+    first="" views=same
+    for ((i = 1; i <= COUNT; i++)); do
+      select_node "$i"
+      running_pid >/dev/null || continue
+      if [ -z "$first" ]; then first=$(view); elif [ "$(view)" != "$first" ]; then views=differ; break; fi
+    done
+    [ "$views" = differ ] || return 0
+    if [ $SECONDS -ge $deadline ]; then
+      log "the nodes still see the cluster differently after ${TW_REDIS_START_TIMEOUT:-30} s"
+      exit 1
+    fi
+    sleep 0.1
+  done
 }
 
 # Stop the given nodes, all at once: one by one, a master's replica could take over (after
