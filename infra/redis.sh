@@ -421,8 +421,8 @@ case "$verb" in
   start) ns=$(which_nodes "${1:-}"); start $ns ;;
   stop) ns=$(which_nodes "${1:-}"); stop $ns ;;
   kill)
-    [ -n "${1:-}" ] || { log "kill needs a node (1-$COUNT)"; exit 2; }
-    ns=$(which_nodes "$1"); kill_node "$ns" ;;
+    [ -n "${1:-}" ] || [ "$COUNT" = 1 ] || { log "kill needs a node (1-$COUNT)"; exit 2; }
+    ns=$(which_nodes "${1:-1}"); kill_node "$ns" ;;
   status) ns=$(which_nodes "${1:-}"); status $ns ;;
   config) ns=$(which_nodes "${1:-1}"); select_node "$ns"; config ;;
   nodes) [ "$SHARDS" != 1 ] || { log "not a cluster (TW_REDIS_SHARDS=1)"; exit 2; }; nodes_verb ;;
