@@ -18,6 +18,7 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ "${TW_WITH_TEST_TOOLS:-0}" = 1 ]; then
   command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+  command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_apt[*]}"

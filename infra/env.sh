@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the infra scripts: where caches, data and ports live. Every value can be
 # overridden from the environment, so a test stack and a demo stack never collide.
 TW_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,6 +46,18 @@ if [ "$TW_KAFKA_BROKERS" -ge 3 ]; then
 elif [ "$TW_KAFKA_BROKERS" -eq 2 ]; then
   export TW_KAFKA_REPLICATION_FACTOR="${TW_KAFKA_REPLICATION_FACTOR:-2}"
 fi
+# The Redis Cluster profile: TW_REDIS_SHARDS masters (3 or more; 1: one plain node), each
+# with TW_REDIS_REPLICAS replicas (infra/redis.sh), on the ports of TW_REDIS_PORTS (by
+# default consecutive from TW_REDIS_PORT). `infra/stack.sh up --redis-cluster N` records N
+# in the run folder for the stack's later commands. Not exported, as TW_KAFKA_BROKERS.
+if [ -z "${TW_REDIS_SHARDS:-}" ] && [ -s "$TW_RUN_DIR/redis-shards" ]; then
+  TW_REDIS_SHARDS=$(cat "$TW_RUN_DIR/redis-shards")
+fi
+TW_REDIS_SHARDS="${TW_REDIS_SHARDS:-1}"
+[[ "$TW_REDIS_SHARDS" =~ ^[1-9][0-9]?$ ]] && [ "$TW_REDIS_SHARDS" != 2 ] ||
+  { echo "TW_REDIS_SHARDS must be 1 (one node) or 3 to 99, not '$TW_REDIS_SHARDS'" >&2; exit 2; }
+[ -z "${TW_REDIS_PORTS:-}" ] || TW_REDIS_PORT="${TW_REDIS_PORTS%%,*}"
+# A cluster's clients take any node's URL: they learn the others from it.
 export TW_REDIS_URL="redis://127.0.0.1:$TW_REDIS_PORT/0"
 export TW_REQUESTS_PARTITIONS="${TW_REQUESTS_PARTITIONS:-4}"
 export TW_BATCHES_PARTITIONS="${TW_BATCHES_PARTITIONS:-4}"

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Start, stop or inspect a whole tokenwire stack on this machine: Kafka, Redis, the topics,
 # and one worker, batcher and edge. Idempotent. TW_STACK=demo|test picks ports and folders.
-#   infra/stack.sh up [--brokers N] | down | status
+#   infra/stack.sh up [--brokers N] [--redis-cluster N] | down | status
 #
 # --brokers N: Kafka as N KRaft nodes (infra/kafka.sh with TW_KAFKA_BROKERS=N; 3 or more
 # replicate every topic 3 times with min.insync.replicas=2). The count is kept in
 # $TW_RUN_DIR/kafka-brokers, so `down` and `status` (and infra/kafka.sh) act on the same
 # nodes; `up` without --brokers keeps the stack's count, `--brokers 1` goes back to one.
+# --redis-cluster N: Redis as a Redis Cluster of N masters (3 or more), each with
+# TW_REDIS_REPLICAS replicas (default 1; infra/redis.sh with TW_REDIS_SHARDS=N), and the
+# services told so (TW_REDIS_CLUSTER=true, TW_REDIS_URL any node's). The count is kept in
+# $TW_RUN_DIR/redis-shards, as the brokers' is; `--redis-cluster 1` goes back to one node.
+# Changing either count of a running stack: `down` first.
 #
 # TW_KAFKA_SECURITY=sasl_ssl (give it to every verb): the stack's broker speaks SASL_SSL
 # only, with per-service users and ACLs (infra/kafka.sh, infra/kafka-acl.conf). Its TLS
@@ -29,13 +34,26 @@
 # restart, so whatever signals a service by its pid file keeps working), NAME.supervisor.pid
 # its supervisor, NAME.restarts "<restarts> <last exit code>" since the supervisor started.
 set -euo pipefail
-if [ "${1:-}" = up ] && [ "${2:-}" = --brokers ]; then
-  [[ "${3:-}" =~ ^[1-9]$ ]] || { echo "--brokers takes 1 to 9, not '${3:-}'" >&2; exit 2; }
-  export TW_KAFKA_BROKERS=$3
+if [ "${1:-}" = up ]; then
+  shift
+  while [ $# != 0 ]; do
+    case "$1" in
+      --brokers)
+        [[ "${2:-}" =~ ^[1-9]$ ]] || { echo "--brokers takes 1 to 9, not '${2:-}'" >&2; exit 2; }
+        export TW_KAFKA_BROKERS=$2 ;;
+      --redis-cluster)
+        [[ "${2:-}" =~ ^[1-9][0-9]?$ ]] && [ "$2" != 2 ] ||
+          { echo "--redis-cluster takes 1 (one node) or 3 to 99 shards, not '${2:-}'" >&2; exit 2; }
+        export TW_REDIS_SHARDS=$2 ;;
+      *) echo "usage: $0 up [--brokers N] [--redis-cluster N]" >&2; exit 2 ;;
+    esac
+    shift 2
+  done
   set -- up
 fi
-[ "${1:-}" != up ] || [ $# = 1 ] || { echo "usage: $0 up [--brokers N]" >&2; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+# The services' Redis clients follow the cluster's slots when Redis is a cluster.
+[ "$TW_REDIS_SHARDS" = 1 ] || export TW_REDIS_CLUSTER=true
 cd "$TW_ROOT"
 # TW_BIN: another tokenwire executable (an installed one, a wrapper) than the project's venv.
 TW="${TW_BIN:-$TW_ROOT/.venv/bin/tokenwire}"
@@ -247,6 +265,16 @@ stop_service() {
   rm -f "$PIDS/$name.pid"
 }
 
+# A worker heartbeat is in Redis (a cluster: on one of its masters).
+heartbeat_seen() {
+  local port ports=$TW_REDIS_PORT
+  [ "$TW_REDIS_SHARDS" = 1 ] || ports=$(infra/redis.sh nodes | awk '$3 == "master" && $4 == "up" { print $2 }')
+  for port in $ports; do
+    [ -z "$(redis-cli -p "$port" --scan --pattern "${TW_TOPIC_PREFIX:-tw}:hb:*" | head -n1)" ] || return 0
+  done
+  return 1
+}
+
 wait_ready() {
   # The edge answers /healthz and a worker heartbeat is in Redis. A service that exits
   # while the stack starts is reported at once: its supervisor would restart it, but an
@@ -261,8 +289,7 @@ wait_ready() {
         return 1
       fi
     done
-    if curl -fs "http://127.0.0.1:$TW_EDGE_PORT/healthz" >/dev/null 2>&1 &&
-       [ -n "$(redis-cli -p "$TW_REDIS_PORT" --scan --pattern "${TW_TOPIC_PREFIX:-tw}:hb:*" | head -n1)" ]; then
+    if curl -fs "http://127.0.0.1:$TW_EDGE_PORT/healthz" >/dev/null 2>&1 && heartbeat_seen; then
       return 0
     fi
     sleep 0.2
@@ -280,7 +307,7 @@ dev_key() {
   fi
   key=$(cat "$file")
   digest=$(printf '%s' "$key" | sha256sum | cut -d' ' -f1)
-  redis-cli -p "$TW_REDIS_PORT" HSET "${TW_TOPIC_PREFIX:-tw}:apikeys" "$digest" dev >/dev/null
+  redis-cli -c -p "$TW_REDIS_PORT" HSET "${TW_TOPIC_PREFIX:-tw}:apikeys" "$digest" dev >/dev/null
   echo "$key"
 }
 
@@ -290,6 +317,7 @@ case "${1:-}" in
     export TW_MODEL_DIR
     "$TW" keys pepper --file "$TW_KEY_PEPPER_FILE" >/dev/null
     echo "$TW_KAFKA_BROKERS" >"$TW_RUN_DIR/kafka-brokers"
+    echo "$TW_REDIS_SHARDS" >"$TW_RUN_DIR/redis-shards"
     kafka_tls_files
     infra/kafka.sh start
     infra/redis.sh start
@@ -338,5 +366,5 @@ case "${1:-}" in
     [ -n "${2:-}" ] || { echo "usage: $0 supervise worker|batcher|edge" >&2; exit 2; }
     supervise "$2"
     ;;
-  *) echo "usage: $0 up [--brokers N]|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--brokers N] [--redis-cluster N]|down|status" >&2; exit 2 ;;
 esac

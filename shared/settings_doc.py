@@ -95,6 +95,43 @@ SCRIPT_SETTINGS: tuple[Row, ...] = (
         "each broker JVM's largest heap (half of it reserved at start)",
     ),
     Row("TW_REDIS_PORT", "infra scripts", "`6379` (test: `16379`)", "Redis's port"),
+    Row(
+        "TW_REDIS_SHARDS",
+        "infra scripts",
+        "`1` (`infra/stack.sh up --redis-cluster N` keeps N in `$TW_RUN_DIR/redis-shards`)",
+        "3 or more: Redis as a Redis Cluster of that many masters (`infra/redis.sh`); "
+        "1: one plain node",
+    ),
+    Row(
+        "TW_REDIS_REPLICAS",
+        "infra/redis.sh",
+        "`1`",
+        "a Redis Cluster's replicas of each master (one takes over when its master fails)",
+    ),
+    Row(
+        "TW_REDIS_PORTS",
+        "infra/redis.sh",
+        "`TW_REDIS_PORT`, `+1`, `+2`, ...",
+        "a Redis Cluster's client ports, one per node (masters and replicas), comma-separated",
+    ),
+    Row(
+        "TW_REDIS_BUS_PORTS",
+        "infra/redis.sh",
+        "each of `TW_REDIS_PORTS` `+20000`",
+        "a Redis Cluster's bus ports (gossip and failover votes), one per node",
+    ),
+    Row(
+        "TW_REDIS_CLUSTER_NODE_TIMEOUT_MS",
+        "infra/redis.sh",
+        "`2000`",
+        "a Redis Cluster node silent this long is failed over to its replica",
+    ),
+    Row(
+        "TW_REDIS_START_TIMEOUT",
+        "infra/redis.sh",
+        "`30`",
+        "seconds a Redis Cluster's node may take to see every slot served and its replica synced",
+    ),
     Row("TW_EDGE_PORT", "infra scripts", "`8000` (test: `18000`)", "the edge's HTTP port"),
     Row(
         "TW_REDIS_PERSIST",
