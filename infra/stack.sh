@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start, stop or inspect a whole tokenwire stack on this machine: Kafka, Redis, the topics,
 # and one worker, batcher and edge. Idempotent. TW_STACK=demo|test picks ports and folders.
-#   infra/stack.sh up [--brokers N] [--redis-cluster N] | down | status
+#   infra/stack.sh up [--brokers N] [--redis-cluster N] [--workers N] [--batchers N]
+#                     [--edges N] | down | status
 #
 # --brokers N: Kafka as N KRaft nodes (infra/kafka.sh with TW_KAFKA_BROKERS=N; 3 or more
 # replicate every topic 3 times with min.insync.replicas=2). The count is kept in
@@ -45,7 +46,10 @@ if [ "${1:-}" = up ]; then
         [[ "${2:-}" =~ ^[1-9][0-9]?$ ]] && [ "$2" != 2 ] ||
           { echo "--redis-cluster takes 1 (one node) or 3 to 99 shards, not '${2:-}'" >&2; exit 2; }
         export TW_REDIS_SHARDS=$2 ;;
-      *) echo "usage: $0 up [--brokers N] [--redis-cluster N]" >&2; exit 2 ;;
+      --workers | --batchers | --edges)
+        [[ "${2:-}" =~ ^[1-9]$ ]] || { echo "$1 takes 1 to 9, not '${2:-}'" >&2; exit 2; }
+        declare "COUNT_${1#--}=$2" ;;
+      *) echo "usage: $0 up [--brokers N] [--redis-cluster N] [--workers N] [--batchers N] [--edges N]" >&2; exit 2 ;;
     esac
     shift 2
   done
@@ -59,8 +63,24 @@ cd "$TW_ROOT"
 TW="${TW_BIN:-$TW_ROOT/.venv/bin/tokenwire}"
 PIDS="$TW_RUN_DIR/pids"
 LOGS="$TW_RUN_DIR/logs"
-SERVICES=(worker batcher edge)
 mkdir -p "$PIDS" "$LOGS"
+# --workers/--batchers/--edges N: N processes of that service, each under its own
+# supervisor, named worker, worker2, ... (pid and log files by name). Edge K listens on
+# TW_EDGE_PORT + K - 1. The counts are kept in $TW_RUN_DIR/service-counts, so `down` and
+# `status` act on the same processes; `up` without them keeps the stack's counts.
+read -r KEPT_workers KEPT_batchers KEPT_edges <"$TW_RUN_DIR/service-counts" 2>/dev/null || true
+COUNT_workers=${COUNT_workers:-${KEPT_workers:-1}}
+COUNT_batchers=${COUNT_batchers:-${KEPT_batchers:-1}}
+COUNT_edges=${COUNT_edges:-${KEPT_edges:-1}}
+SERVICES=()
+for kind in worker batcher edge; do
+  count_var="COUNT_${kind}s"
+  for ((k = 1; k <= ${!count_var}; k++)); do
+    SERVICES+=("$kind$([ "$k" = 1 ] || echo "$k")")
+  done
+done
+# The service an instance name runs: worker2 -> worker.
+kind_of() { echo "${1%%[0-9]*}"; }
 export TW_PORT="$TW_EDGE_PORT"
 # The pepper API keys are stored under (HMAC-SHA-256): made once per stack, 0600, in its run
 # folder; `tokenwire keys create` with the same TW_KEY_PEPPER_FILE makes keys this stack's
@@ -134,7 +154,7 @@ service_pid() {
   local pid
   pid=$(cat "$PIDS/$1.pid" 2>/dev/null) || return 1
   [[ "$pid" =~ ^[0-9]+$ ]] && alive_pid "$pid" || return 1
-  [ "$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | tail -n 1)" = "$1" ] || return 1
+  [ "$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | tail -n 1)" = "$(kind_of "$1")" ] || return 1
   echo "$pid"
 }
 alive() { service_pid "$1" >/dev/null; }
@@ -186,7 +206,13 @@ supervise() {
 
   TW_MODEL_DIR="${TW_MODEL_DIR:-$(model_dir)}"
   export TW_MODEL_DIR
-  kafka_login "tw-$name"
+  local kind number
+  kind=$(kind_of "$name")
+  number=${name#"$kind"}
+  kafka_login "tw-$kind"
+  if [ "$kind" = edge ]; then export TW_PORT=$((TW_EDGE_PORT + ${number:-1} - 1)); fi
+  # A metrics port set for the stack: instance K takes the K-th from it.
+  if [ "${TW_METRICS_PORT:-0}" != 0 ]; then export TW_METRICS_PORT=$((TW_METRICS_PORT + ${number:-1} - 1)); fi
 
   # A service left running without a supervisor (its supervisor was killed, or the stack
   # was started by an older script) is adopted: not a child, so it is polled, not waited for.
@@ -215,7 +241,7 @@ supervise() {
       delay=$((delay * 2 > RESTART_MAX_MS ? RESTART_MAX_MS : delay * 2))
     fi
     started=$(now_ms)
-    "$TW" "$name" </dev/null 2>&3 3>&- &
+    "$TW" "$kind" </dev/null 2>&3 3>&- &
     child=$!
     echo "$child" >"$PIDS/$name.pid"
     [ "$stopping" = 0 ] || break
@@ -275,6 +301,14 @@ heartbeat_seen() {
   return 1
 }
 
+# Every edge answers /healthz.
+edges_answer() {
+  local k
+  for ((k = 0; k < COUNT_edges; k++)); do
+    curl -fs "http://127.0.0.1:$((TW_EDGE_PORT + k))/healthz" >/dev/null 2>&1 || return 1
+  done
+}
+
 wait_ready() {
   # The edge answers /healthz and a worker heartbeat is in Redis. A service that exits
   # while the stack starts is reported at once: its supervisor would restart it, but an
@@ -289,7 +323,7 @@ wait_ready() {
         return 1
       fi
     done
-    if curl -fs "http://127.0.0.1:$TW_EDGE_PORT/healthz" >/dev/null 2>&1 && heartbeat_seen; then
+    if edges_answer && heartbeat_seen; then
       return 0
     fi
     sleep 0.2
@@ -318,6 +352,7 @@ case "${1:-}" in
     "$TW" keys pepper --file "$TW_KEY_PEPPER_FILE" >/dev/null
     echo "$TW_KAFKA_BROKERS" >"$TW_RUN_DIR/kafka-brokers"
     echo "$TW_REDIS_SHARDS" >"$TW_RUN_DIR/redis-shards"
+    echo "$COUNT_workers $COUNT_batchers $COUNT_edges" >"$TW_RUN_DIR/service-counts"
     kafka_tls_files
     infra/kafka.sh start
     infra/redis.sh start
@@ -329,12 +364,12 @@ case "${1:-}" in
       start_service "$s"
     done
     wait_ready "${counts[@]}"
-    echo "tokenwire ($TW_STACK) is serving at http://127.0.0.1:$TW_EDGE_PORT"
+    echo "tokenwire ($TW_STACK) is serving at http://127.0.0.1:$TW_EDGE_PORT$( ((COUNT_edges == 1)) || echo " to :$((TW_EDGE_PORT + COUNT_edges - 1))")"
     echo "development API key (tenant dev): $(dev_key)  (send 'Authorization: Bearer <key>'; keys are ${TW_AUTH:-required}; more: tokenwire keys create --tenant T)"
     ;;
   down)
-    for s in edge batcher worker; do stop_supervisor "$s"; done
-    for s in edge batcher worker; do stop_service "$s"; done
+    for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do stop_supervisor "${SERVICES[$i]}"; done
+    for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do stop_service "${SERVICES[$i]}"; done
     infra/redis.sh stop
     infra/kafka.sh stop
     ;;
@@ -363,8 +398,8 @@ case "${1:-}" in
     exit $rc
     ;;
   supervise)
-    [ -n "${2:-}" ] || { echo "usage: $0 supervise worker|batcher|edge" >&2; exit 2; }
+    [[ "${2:-}" =~ ^(worker|batcher|edge)[2-9]?$ ]] || { echo "usage: $0 supervise worker|batcher|edge[2-9]" >&2; exit 2; }
     supervise "$2"
     ;;
-  *) echo "usage: $0 up [--brokers N] [--redis-cluster N]|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--brokers N] [--redis-cluster N] [--workers N] [--batchers N] [--edges N]|down|status" >&2; exit 2 ;;
 esac

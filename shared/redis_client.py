@@ -23,6 +23,8 @@ from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from shared.credentials import client_tls, secret
 
@@ -94,6 +96,12 @@ class RedisAccess:
         cluster. It is typed as ``Redis``: the project calls only commands both serve, on
         keys that share a slot wherever one call touches several."""
         if self.cluster:
+            # A cluster client reads the slots' owners again only between its own retries
+            # (redis-py closes it after a failed try): with none, it would keep calling a
+            # lost master after its replica took over.
+            retry = options.get("retry")
+            if retry is not None and retry.get_retries() < 1:
+                options["retry"] = Retry(NoBackoff(), 1)
             cluster = RedisCluster.from_url(self.url, **self.kwargs(), **options)
             return cast(aioredis.Redis, cluster)
         return aioredis.Redis.from_url(self.url, **self.kwargs(), **options)

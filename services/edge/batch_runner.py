@@ -41,7 +41,7 @@ from services.edge.batch_store import (
     line_request_id,
     parse_request_id,
 )
-from services.edge.cancel import queue_cancel
+from services.edge.cancel import send_cancels
 from services.edge.state import EdgeState
 from shared.codec import DecodeError, decode, encode
 from shared.kafka_io import make_consumer
@@ -218,12 +218,11 @@ class BatchRunner:
             await self._write_off(rec, missing)
         elif missing and now - self._resent.get(rec.id, 0.0) >= RESEND_S:
             self._resent[rec.id] = now
-            pipe = self.st.redis.pipeline(transaction=False)
+            cancels = []
             for index in missing:
                 rid = line_request_id(rec.id, index)
-                msg = encode(CancelRequest(request_id=rid, tenant=rec.tenant))
-                queue_cancel(self.st, pipe, rid, msg)
-            await pipe.execute()
+                cancels.append((rid, encode(CancelRequest(request_id=rid, tenant=rec.tenant))))
+            await send_cancels(self.st, cancels)
 
     async def _write_off(self, rec: BatchRecord, missing: list[int]) -> None:
         ids = await self.store.custom_ids(rec.id, missing)

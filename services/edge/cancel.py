@@ -12,8 +12,6 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from redis.asyncio.client import Pipeline
-
 from services.edge.errors import not_found
 from services.edge.relay import Event
 from services.edge.state import EdgeState
@@ -81,9 +79,7 @@ async def _cancel(st: EdgeState, request_id: str, tenant: str) -> Event | None:
         if stream.final_event is not None:
             return stream.final_event
         while loop.time() < deadline:
-            pipe = st.redis.pipeline(transaction=False)
-            queue_cancel(st, pipe, request_id, msg)
-            await pipe.execute()
+            await send_cancels(st, [(request_id, msg)])
             resend_at = min(deadline, loop.time() + RESEND_S)
             while (left := resend_at - loop.time()) > 0:
                 await stream.next(left)
@@ -92,12 +88,21 @@ async def _cancel(st: EdgeState, request_id: str, tenant: str) -> Event | None:
     return None
 
 
-def queue_cancel(st: EdgeState, pipe: Pipeline, request_id: str, msg: bytes) -> None:
-    """Queue on ``pipe`` the two commands that cancel a request on every worker (``msg``:
-    its encoded ``CancelRequest``). The marker stops a worker that picks the request up
-    later; the broadcast stops the one holding it now."""
-    pipe.set(st.names.cancelled(request_id), b"1", ex=st.settings.owner_ttl_s)
-    pipe.publish(st.names.cancel_channel, msg)
+async def send_cancels(st: EdgeState, cancels: list[tuple[str, bytes]]) -> None:
+    """Cancel requests on every worker (request id, its encoded ``CancelRequest``): each
+    gets its marker, which stops a worker that picks the request up later, and a broadcast
+    on the cancel channel, which stops the one holding it now. One round trip on a single
+    Redis; a cluster's pipelines cannot publish, so there the broadcasts follow."""
+    pipe = st.redis.pipeline(transaction=False)
+    for request_id, _ in cancels:
+        pipe.set(st.names.cancelled(request_id), b"1", ex=st.settings.owner_ttl_s)
+    if not st.settings.redis_cluster:
+        for _, msg in cancels:
+            pipe.publish(st.names.cancel_channel, msg)
+    await pipe.execute()
+    if st.settings.redis_cluster:
+        for _, msg in cancels:
+            await st.redis.publish(st.names.cancel_channel, msg)
 
 
 async def cancel_in_background(st: EdgeState, request_id: str, tenant: str, source: str) -> None:
