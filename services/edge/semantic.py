@@ -36,13 +36,11 @@ from shared.cache.align import WordVectors
 from shared.cache.guard import disagreement
 from shared.cache.keys import context_digest, last_user_text, sampling_class
 from shared.cache.store import read_entry
-from shared.cache.verify import VERIFIER
+from shared.cache.verify import CANDIDATES, VERIFIER
 from shared.embedding import Embedder
 from shared.messages import GenerateRequest
 
 log = logging.getLogger(__name__)
-
-CANDIDATES = 8  # nearest entries checked per lookup
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import numpy as np
 from shared.cache.align import alignment
 from shared.cache.guard import SEMANTIC_THRESHOLD, disagreement
 from shared.cache.labelled import Pair, pairs
-from shared.cache.verify import VERIFIER, Verifier, features, fit
+from shared.cache.verify import CANDIDATES, VERIFIER, Verifier, features, fit
 from shared.embedding import Embedder, load_embedder
 
 
@@ -299,12 +299,17 @@ def verifier_cost(embedder: Embedder, labelled: Sequence[Pair], rounds: int = 20
     for sim, a, b in checks:
         VERIFIER.accepts(sim, a, b)
     check = (time.perf_counter() - start) / len(checks)
+    start = time.perf_counter()
+    for p in labelled[:rounds]:
+        disagreement(p.a, p.b)  # uncached: as a lookup runs it
+    guard = (time.perf_counter() - start) / len(labelled[:rounds])
     embed_ms = float(np.median(plain)) * 1e3
     words_ms = float(np.median(with_words)) * 1e3
     return (
         f"one text embedded: {embed_ms:.2f} ms p50, with its word vectors {words_ms:.2f} ms "
         f"(+{words_ms - embed_ms:.2f} ms, {words_ms / embed_ms:.2f}x); one verifier check "
-        f"{check * 1e6:.1f} us ({check * 1e3 / embed_ms:.2%} of the embedding)"
+        f"{check * 1e6:.1f} us ({check * 1e3 / embed_ms:.2%} of the embedding), beside the "
+        f"guard's {guard * 1e6:.1f} us a candidate; at most {CANDIDATES} candidates a lookup"
     )
 
 

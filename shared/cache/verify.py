@@ -24,6 +24,9 @@ import numpy as np
 
 from shared.cache.align import WordVectors
 
+# Nearest entries a semantic lookup checks (guard and verifier on each, in order).
+CANDIDATES = 8
+
 # Words that paraphrases add freely ("the best way to", "tell me", "using Python") and
 # that are not stopwords of the alignment: never counted as left over.
 FILLER = frozenset("using use way get tell name best".split())
