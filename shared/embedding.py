@@ -18,9 +18,12 @@ import hashlib
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from shared.cache.align import WordVectors
 
 # Bumped when the pooling or normalisation changes: part of every identity.
 POOLING = "mean-masked/l2/v1"
@@ -166,12 +169,12 @@ class Embedder:
         """The unit vector of one text (``(dim,)``)."""
         return self.embed([text])[0]
 
-    def embed_words(self, texts: Sequence[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+    def embed_words(self, texts: Sequence[str]) -> tuple[np.ndarray, list[WordVectors]]:
         """The unit vectors of ``texts`` (as :meth:`embed`) and, from the same forward
-        pass, each text's content-word vectors (``(words, dim)`` float32 unit rows, see
-        :func:`shared.cache.align.content_words`)."""
+        pass, each text's content words with their vectors (``(words, dim)`` float32 unit
+        rows, see :func:`shared.cache.align.keyed_content_words`)."""
         pooled = np.zeros((len(texts), self.dim), dtype=np.float32)
-        words: list[np.ndarray] = []
+        words: list[WordVectors] = []
         for start in range(0, len(texts), self.batch_size):
             chunk = list(texts[start : start + self.batch_size])
             vectors, chunk_words = self._embed_batch(chunk, with_words=True)
@@ -181,7 +184,7 @@ class Embedder:
 
     def _embed_batch(
         self, texts: list[str], *, with_words: bool = False
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
+    ) -> tuple[np.ndarray, list[WordVectors]]:
         torch = self._torch
         with self._lock, torch.inference_mode():
             enc = self._tokenizer(
@@ -210,10 +213,10 @@ class Embedder:
 
 def _content_words(
     text: str, states: np.ndarray, word_ids: list[int | None], offsets: list[list[int]]
-) -> np.ndarray:
+) -> WordVectors:
     """One text's content-word vectors from its token states and the tokenizer's word ids
     and character offsets (padding has no word id, so it drops out)."""
-    from shared.cache.align import content_words
+    from shared.cache.align import keyed_content_words
 
     spans: dict[int, tuple[int, int]] = {}
     for w, (start, end) in zip(word_ids, offsets, strict=True):
@@ -222,7 +225,7 @@ def _content_words(
             spans[w] = (first, end)
     count = max(spans, default=-1) + 1
     words = [text[spans[w][0] : spans[w][1]] if w in spans else "" for w in range(count)]
-    return content_words(states, word_ids, words)
+    return keyed_content_words(states, word_ids, words)
 
 
 _shared: dict[tuple[str, int], Embedder] = {}

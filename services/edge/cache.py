@@ -239,8 +239,7 @@ class ResponseCache:
         if semantic is not None:
             # Off the request's path: the entry only matters once the answer is stored,
             # after the request finishes.
-            vector = probe.vector if probe is not None else None
-            self._remember(semantic.remember(scope, gen, req, digest, vector), req.request_id)
+            self._remember(semantic.remember(scope, gen, req, digest, probe), req.request_id)
         ttl_s = self.settings.cache_ttl_s
         stored = to_store(req, scope, digest, gen, ttl_s, retrieval_version)
         return Lookup(CacheResult.MISS, stored, coalesce=coalesce)
@@ -415,6 +414,6 @@ def response_cache(
 
         model_dir = settings.embed_model_dir or None
         semantic = SemanticCache(
-            settings, redis, EmbedBatcher(lambda: load_single_threaded(model_dir))
+            settings, redis, EmbedBatcher(lambda: load_single_threaded(model_dir), words=True)
         )
     return ResponseCache(settings, redis, metrics.registry, semantic)

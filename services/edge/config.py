@@ -102,7 +102,9 @@ class EdgeSettings(CommonSettings):
         SEMANTIC_THRESHOLD,
         gt=0,
         le=1,
-        description="cosine similarity a semantic hit needs (tuned on the labelled set)",
+        description="cosine similarity below which no semantic candidate is considered (a hit "
+        "also needs the guard and the verifier; the default is the lowest the verifier tuned "
+        "on the labelled set can pass)",
     )
     semantic_max_entries: int = Field(
         10_000, ge=1, description="semantic entries kept per tenant (oldest dropped first)"

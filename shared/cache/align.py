@@ -13,8 +13,11 @@ Pure numpy (no torch, no I/O): the embedder hands it token vectors and word ids.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+from shared.cache.guard import word_key
 
 # Function words, which paraphrases add and drop freely; a word of substance ("name",
 # "way", "formula") stays, so a change of it is seen.
@@ -26,22 +29,39 @@ STOPWORDS = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class WordVectors:
+    """A text's content words: each one's key (lower-cased, short forms expanded, crudely
+    stemmed: :func:`shared.cache.guard.word_key`) and its unit vector, one row each."""
+
+    keys: tuple[str, ...]
+    vectors: np.ndarray  # (len(keys), dim) float32
+
+
 def content_words(
     tokens: np.ndarray, word_ids: Sequence[int | None], words: Sequence[str]
 ) -> np.ndarray:
-    """The unit vectors of a text's content words: ``tokens`` holds one row per token
-    (``(n, dim)``), ``word_ids[i]`` is the word token ``i`` belongs to (None for special
-    tokens and padding) and ``words[w]`` the text of word ``w``. A word's vector is the
-    mean of its tokens'; stopwords and words with no letter or digit are dropped."""
+    """The unit vectors of a text's content words (see :func:`keyed_content_words`)."""
+    return keyed_content_words(tokens, word_ids, words).vectors
+
+
+def keyed_content_words(
+    tokens: np.ndarray, word_ids: Sequence[int | None], words: Sequence[str]
+) -> WordVectors:
+    """A text's content words: ``tokens`` holds one row per token (``(n, dim)``),
+    ``word_ids[i]`` is the word token ``i`` belongs to (None for special tokens and
+    padding) and ``words[w]`` the text of word ``w``. A word's vector is the mean of its
+    tokens'; stopwords and words with no letter or digit are dropped."""
     rows: dict[int, list[int]] = {}
     for i, w in enumerate(word_ids):
         if w is not None:
             rows.setdefault(w, []).append(i)
-    kept = [tokens[idx].mean(axis=0) for w, idx in rows.items() if _is_content(words[w])]
+    kept = [w for w in rows if _is_content(words[w])]
     if not kept:
-        return np.zeros((0, tokens.shape[1]), dtype=np.float32)
-    out = np.asarray(kept, dtype=np.float32)
-    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return WordVectors((), np.zeros((0, tokens.shape[1]), dtype=np.float32))
+    out = np.asarray([tokens[rows[w]].mean(axis=0) for w in kept], dtype=np.float32)
+    out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return WordVectors(tuple(word_key(words[w]) for w in kept), out)
 
 
 def _is_content(word: str) -> bool:

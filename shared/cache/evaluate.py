@@ -1,9 +1,11 @@
 """Figures of the semantic cache's decision on the labelled set: hit rate on paraphrases,
-false hits among hits with a one-sided 95% upper bound, and the threshold tuned on the
-tuning half.
+false hits among hits with a one-sided 95% upper bound, and the verifier
+(``shared/cache/verify.py``) fitted and tuned on the tuning half.
 
-    python -m shared.cache.evaluate              # tune on the tuning half, report both halves
-    python -m shared.cache.evaluate --alignment  # the same with the word-alignment check
+    python -m shared.cache.evaluate              # tune on the tuning half, report both
+                                                 # halves with the verifier in use, the
+                                                 # guard alone beside it, and its cost
+    python -m shared.cache.evaluate --alignment  # the guard with the word-alignment check
                                                  # (shared/cache/align.py) tuned with it
 """
 
@@ -20,7 +22,8 @@ import numpy as np
 
 from shared.cache.align import alignment
 from shared.cache.guard import SEMANTIC_THRESHOLD, disagreement
-from shared.cache.labelled import Pair, Split, pairs
+from shared.cache.labelled import Pair, pairs
+from shared.cache.verify import CANDIDATES, VERIFIER, Verifier, features, fit
 from shared.embedding import Embedder, load_embedder
 
 
@@ -37,6 +40,7 @@ class Figures:
     refused_by_guard: int  # negatives over the threshold that the guard refused
     align_threshold: float = 0.0
     refused_by_alignment: int = 0  # negatives the guard let through that alignment refused
+    refused_by_verifier: int = 0  # negatives the guard let through that the verifier refused
 
     @property
     def hit_rate(self) -> float:
@@ -62,6 +66,11 @@ class Figures:
                 f", {self.refused_by_alignment} more by word alignment at "
                 f"{self.align_threshold:.2f}"
                 if self.align_threshold
+                else ""
+            )
+            + (
+                f", {self.refused_by_verifier} more by the verifier"
+                if self.refused_by_verifier
                 else ""
             )
         )
@@ -104,10 +113,12 @@ def figures(
     threshold: float,
     aligns: np.ndarray | None = None,
     align_threshold: float = 0.0,
+    verdicts: np.ndarray | None = None,
 ) -> Figures:
     """What the cache decides for each pair at ``threshold``: a hit needs the similarity
-    and no disagreement (and, given ``aligns``, a word alignment of ``align_threshold``)."""
-    hits = true_hits = false_hits = refused = unaligned = 0
+    and no disagreement (and, given ``aligns``, a word alignment of ``align_threshold``;
+    given ``verdicts``, the verifier's score of the pair at least 0)."""
+    hits = true_hits = false_hits = refused = unaligned = unverified = 0
     for n, (pair, sim) in enumerate(zip(labelled, sims, strict=True)):
         if sim < threshold:
             continue
@@ -116,6 +127,9 @@ def figures(
             continue
         if aligns is not None and aligns[n] < align_threshold:
             unaligned += 0 if pair.same else 1
+            continue
+        if verdicts is not None and verdicts[n] < 0:
+            unverified += 0 if pair.same else 1
             continue
         hits += 1
         true_hits += pair.same
@@ -131,6 +145,7 @@ def figures(
         refused,
         align_threshold if aligns is not None else 0.0,
         unaligned,
+        unverified,
     )
 
 
@@ -140,8 +155,20 @@ def scores(embedder: Embedder, labelled: Sequence[Pair]) -> tuple[np.ndarray, np
     pooled, words = embedder.embed_words(texts)
     at = {t: i for i, t in enumerate(texts)}
     sims = [float(pooled[at[p.a]] @ pooled[at[p.b]]) for p in labelled]
-    aligns = [alignment(words[at[p.a]], words[at[p.b]]) for p in labelled]
+    aligns = [alignment(words[at[p.a]].vectors, words[at[p.b]].vectors) for p in labelled]
     return np.array(sims, dtype=np.float32), np.array(aligns, dtype=np.float32)
+
+
+def verifier_features(embedder: Embedder, labelled: Sequence[Pair]) -> np.ndarray:
+    """The verifier's features of each pair (``(pairs, 3)``), one forward pass a text."""
+    texts = sorted({t for p in labelled for t in (p.a, p.b)})
+    pooled, words = embedder.embed_words(texts)
+    at = {t: i for i, t in enumerate(texts)}
+    rows = [
+        features(float(pooled[at[p.a]] @ pooled[at[p.b]]), words[at[p.a]], words[at[p.b]])
+        for p in labelled
+    ]
+    return np.array(rows, dtype=np.float64)
 
 
 # The paraphrase hit rate the threshold keeps on the tuning split: the target (50%) and a
@@ -184,10 +211,40 @@ def tune_aligned(
     return (best[1], best[2]) if best else (0.70, 0.0)
 
 
-def evaluate(split: Split, threshold: float, embedder: Embedder | None = None) -> Figures:
-    """The figures of one half at ``threshold``."""
-    labelled = pairs(split)
-    return figures(labelled, similarities(embedder or load_embedder(), labelled), threshold)
+# The verifier is fitted on the tuning pairs at least this similar: the pairs a threshold
+# cannot settle, not unrelated ones that any threshold refuses.
+FIT_FLOOR = 0.70
+
+
+def tune_verifier(labelled: Sequence[Pair], feats: np.ndarray) -> Verifier:
+    """The verifier fitted on ``labelled`` (pairs of similarity >= ``FIT_FLOOR``), its
+    bias then raised as far as paraphrases that pass the guard still hit at least
+    ``HIT_RATE_FLOOR`` of the time: the fewest false hits the floor allows, as
+    :func:`tune` does for the threshold. Weights and bias are rounded to 4 places (as
+    ``VERIFIER`` is written down)."""
+    y = np.array([p.same for p in labelled], dtype=np.float64)
+    near = feats[:, 0] >= FIT_FLOOR
+    fitted = fit(feats[near], y[near])
+    weights = tuple(round(w, 4) for w in fitted.weights)
+    raw = feats @ np.asarray(weights)
+    passes = np.array([_disagreement(p.a, p.b) is None for p in labelled])
+    kept = np.sort(raw[passes & (y == 1)])[::-1]  # paraphrase scores, best first
+    need = math.ceil(HIT_RATE_FLOOR * int(y.sum()))
+    cut = float(kept[need - 1]) if need <= len(kept) else float(kept[-1])
+    # Rounding up keeps the cut's own pair in (score >= 0).
+    bias = math.ceil(-cut * 1e4) / 1e4
+    return Verifier((weights[0], weights[1], weights[2]), bias)
+
+
+def verdicts(verifier: Verifier, feats: np.ndarray) -> np.ndarray:
+    """The verifier's score of each pair (served when >= 0)."""
+    return np.asarray(feats @ np.asarray(verifier.weights) + verifier.bias)
+
+
+def candidate_threshold(verifier: Verifier) -> float:
+    """The similarity below which the index need not look (the verifier's lowest passing
+    similarity, rounded down to 0.01): the default ``TW_SEMANTIC_THRESHOLD``."""
+    return math.floor(verifier.min_similarity() * 100) / 100
 
 
 def alignment_cost(embedder: Embedder, labelled: Sequence[Pair], rounds: int = 200) -> str:
@@ -205,7 +262,7 @@ def alignment_cost(embedder: Embedder, labelled: Sequence[Pair], rounds: int = 2
     texts = sorted({t for p in labelled[:rounds] for t in (p.a, p.b)})
     _, words = embedder.embed_words(texts)
     at = {t: i for i, t in enumerate(texts)}
-    checks = [(words[at[p.a]], words[at[p.b]]) for p in labelled[:rounds]]
+    checks = [(words[at[p.a]].vectors, words[at[p.b]].vectors) for p in labelled[:rounds]]
     start = time.perf_counter()
     for a, b in checks:
         alignment(a, b)
@@ -216,6 +273,43 @@ def alignment_cost(embedder: Embedder, labelled: Sequence[Pair], rounds: int = 2
         f"one text embedded: {embed_ms:.2f} ms p50, with its word vectors {words_ms:.2f} ms "
         f"({words_ms / embed_ms:.2f}x); one alignment check {check * 1e6:.1f} us "
         f"({check * 1e3 / embed_ms:.2%} of the embedding)"
+    )
+
+
+def verifier_cost(embedder: Embedder, labelled: Sequence[Pair], rounds: int = 200) -> str:
+    """What the verifier adds to a lookup, measured here, alternating in one process: one
+    text embedded with its word vectors against without, and one verifier check."""
+    text = labelled[0].a
+    plain, with_words = [], []
+    for _ in range(rounds // 2):
+        start = time.perf_counter()
+        embedder.embed([text])
+        plain.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        embedder.embed_words([text])
+        with_words.append(time.perf_counter() - start)
+    texts = sorted({t for p in labelled[:rounds] for t in (p.a, p.b)})
+    pooled, words = embedder.embed_words(texts)
+    at = {t: i for i, t in enumerate(texts)}
+    checks = [
+        (float(pooled[at[p.a]] @ pooled[at[p.b]]), words[at[p.a]], words[at[p.b]])
+        for p in labelled[:rounds]
+    ]
+    start = time.perf_counter()
+    for sim, a, b in checks:
+        VERIFIER.accepts(sim, a, b)
+    check = (time.perf_counter() - start) / len(checks)
+    start = time.perf_counter()
+    for p in labelled[:rounds]:
+        disagreement(p.a, p.b)  # uncached: as a lookup runs it
+    guard = (time.perf_counter() - start) / len(labelled[:rounds])
+    embed_ms = float(np.median(plain)) * 1e3
+    words_ms = float(np.median(with_words)) * 1e3
+    return (
+        f"one text embedded: {embed_ms:.2f} ms p50, with its word vectors {words_ms:.2f} ms "
+        f"(+{words_ms - embed_ms:.2f} ms, {words_ms / embed_ms:.2f}x); one verifier check "
+        f"{check * 1e6:.1f} us ({check * 1e3 / embed_ms:.2%} of the embedding), beside the "
+        f"guard's {guard * 1e6:.1f} us a candidate; at most {CANDIDATES} candidates a lookup"
     )
 
 
@@ -236,22 +330,44 @@ def main() -> None:
         print(figures(tuning, sims, threshold, aligns, tau).line("tuning"))
         sims, aligns = held_scores
         print(figures(held, sims, threshold, aligns, tau).line("held-out"))
-        print(f"at threshold {SEMANTIC_THRESHOLD:.2f}, by alignment threshold:")
+        guard_alone = tune(tuning, tuning_scores[0])
+        print(f"at the guard's own tuned threshold {guard_alone:.2f}, by alignment threshold:")
         for tau in (0.3, 0.4, 0.5, 0.6):
             for name, labelled, (sims, aligns) in (
                 ("tuning", tuning, tuning_scores),
                 ("held-out", held, held_scores),
             ):
-                print("  " + figures(labelled, sims, SEMANTIC_THRESHOLD, aligns, tau).line(name))
+                print("  " + figures(labelled, sims, guard_alone, aligns, tau).line(name))
         import torch
 
         torch.set_num_threads(1)  # as the edge runs its lookups (services/edge/semantic.py)
         print(alignment_cost(embedder, held))
         return
-    tuned = tune(tuning, similarities(embedder, tuning))
-    print(f"tuned threshold: {tuned:.2f} (in use: {SEMANTIC_THRESHOLD:.2f})")
-    print(evaluate("tuning", SEMANTIC_THRESHOLD, embedder).line("tuning"))
-    print(evaluate("held_out", SEMANTIC_THRESHOLD, embedder).line("held-out"))
+    held = pairs("held_out")
+    tuning_feats, held_feats = (
+        verifier_features(embedder, tuning),
+        verifier_features(embedder, held),
+    )
+    tuned = tune_verifier(tuning, tuning_feats)
+    print(
+        f"tuned verifier: {tuned} (in use: {VERIFIER}); candidate threshold "
+        f"{candidate_threshold(tuned):.2f} (in use: {SEMANTIC_THRESHOLD:.2f})"
+    )
+    for name, labelled, feats in (("tuning", tuning, tuning_feats), ("held-out", held, held_feats)):
+        sims = feats[:, 0]
+        print(
+            figures(labelled, sims, SEMANTIC_THRESHOLD, verdicts=verdicts(VERIFIER, feats)).line(
+                name
+            )
+        )
+    guard_alone = tune(tuning, tuning_feats[:, 0])
+    print(f"the guard alone, threshold tuned as before ({guard_alone:.2f}):")
+    for name, labelled, feats in (("tuning", tuning, tuning_feats), ("held-out", held, held_feats)):
+        print("  " + figures(labelled, feats[:, 0], guard_alone).line(name))
+    import torch
+
+    torch.set_num_threads(1)  # as the edge runs its lookups (services/edge/semantic.py)
+    print(verifier_cost(embedder, held))
 
 
 if __name__ == "__main__":

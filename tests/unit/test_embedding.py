@@ -66,8 +66,9 @@ def test_word_vectors_come_with_the_same_sentence_vectors(embedder: Embedder) ->
     pooled, words = embedder.embed_words(texts)
     assert np.allclose(pooled, embedder.embed(texts), atol=1e-5)
     # chemical, formula, table, salt; "hi"; "time" (stopwords and "?" dropped)
-    assert [w.shape for w in words] == [(4, 384), (1, 384), (1, 384)]
-    assert np.allclose(np.linalg.norm(words[0], axis=1), 1.0, atol=1e-5)
+    assert [w.vectors.shape for w in words] == [(4, 384), (1, 384), (1, 384)]
+    assert [w.keys for w in words] == [("chemical", "formula", "table", "salt"), ("hi",), ("time",)]
+    assert np.allclose(np.linalg.norm(words[0].vectors, axis=1), 1.0, atol=1e-5)
     # A word's vector does not depend on the padding its batch needed.
     alone = embedder.embed_words(texts[1:2])[1][0]
-    assert np.allclose(alone, words[1], atol=1e-4)
+    assert np.allclose(alone.vectors, words[1].vectors, atol=1e-4)
