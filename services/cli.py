@@ -264,6 +264,16 @@ def cmd_bench_e2e(args: argparse.Namespace) -> None:
     env.setdefault("TW_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
     env.setdefault("TW_REDIS_URL", "redis://127.0.0.1:16379/0")
     model_dir = args.model_dir or resolve_model_dir("", args.preset)
+    if args.profile == "cluster":
+        from services.bench import profiles
+
+        pcfg = profiles.QUICK if args.quick else profiles.ProfileConfig()
+        if args.concurrency:
+            pcfg.concurrency = int(args.concurrency.split(",")[-1])
+        if args.rounds:
+            pcfg.rounds = args.rounds
+        profiles.run(env, model_dir, f"tokenwire-{args.preset}", pcfg, Path(args.out))
+        return
     cfg = QUICK if args.quick else E2EConfig()
     if args.concurrency:
         cfg.concurrencies = tuple(int(c) for c in args.concurrency.split(","))
@@ -473,6 +483,14 @@ def _add_bench_e2e_parser(bsub: Subparsers) -> None:
     e2e.add_argument("--rounds", type=int, default=0, help="pipeline/baseline rounds per level")
     e2e.add_argument("--output-tokens", default="", help="output length range, e.g. 16,64")
     e2e.add_argument("--quick", action="store_true", help="a smoke configuration (CI)")
+    e2e.add_argument(
+        "--profile",
+        choices=("single", "cluster"),
+        default="single",
+        help="cluster: the cluster profile (3 Kafka brokers, a 3-shard Redis Cluster) beside "
+        "the single-node stack, each on servers of its own, in alternating rounds at the "
+        "last --concurrency (tokens/s ratio, each service's CPU per token)",
+    )
     e2e.add_argument(
         "--out",
         default="reports/e2e",

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from services.bench.servers import Server, private_server
 from tests.conftest import new_prefix
 from tests.integration.harness import Stack, make_stack
-from tests.integration.servers import Server, private_server
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 

@@ -21,6 +21,7 @@ import redis.exceptions
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from services.bench.servers import Server
 from shared import registry, token_stream
 from shared.codec import decode, encode
 from shared.kafka_io import MAX_MESSAGE_BYTES, MAX_VALUE_BYTES, make_producer
@@ -36,7 +37,6 @@ from shared.names import Names
 from shared.settings import CommonSettings
 from tests.conftest import new_prefix
 from tests.integration.harness import Stack, make_stack, produce, read_topic
-from tests.integration.servers import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -24,13 +24,13 @@ import orjson
 import pytest
 
 from services.bench.edge_bench import publish_steps
+from services.bench.servers import Server
 from shared.messages import FinishReason, TokenEvent
 from shared.names import Names
 from shared.resp import RespWriter
 from shared.token_stream import event_commands
 from tests.conftest import new_prefix
 from tests.integration.harness import Stack, make_stack
-from tests.integration.servers import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -33,6 +33,7 @@ import redis.asyncio as aioredis
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
+from services.bench.servers import Server, private_kafka_cluster
 from shared import token_stream
 from shared.kafka_io import make_admin
 from shared.messages import GenerateRequest
@@ -45,7 +46,6 @@ from tests.integration.harness import (
     completions,
     make_stack,
 )
-from tests.integration.servers import Server, private_kafka_cluster
 from tests.integration.test_handoff import FAST_FAILOVER, greedy_requests, reference_tokens
 from tests.integration.test_kafka_outage import (
     MAX_TOKENS,

@@ -34,6 +34,7 @@ import orjson
 import pytest
 from aiokafka.errors import KafkaError
 
+from services.bench.servers import Server
 from shared.codec import encode
 from shared.kafka_io import RenewingProducer, ensure_topics
 from shared.messages import Completion, GenerateRequest
@@ -47,7 +48,6 @@ from tests.integration.harness import (
     make_stack,
     produce,
 )
-from tests.integration.servers import Server
 from tests.integration.test_handoff import FAST_FAILOVER, greedy_requests, reference_tokens
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

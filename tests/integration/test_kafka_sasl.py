@@ -23,6 +23,7 @@ import openai
 import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
+from services.bench.servers import Server, private_server
 from services.ops.dlq import Letter, read_letters
 from shared.kafka_io import make_consumer, make_producer
 from shared.messages import GenerateRequest, Priority, ReplyTarget, SamplingParams
@@ -32,7 +33,6 @@ from tests.conftest import new_prefix
 from tests.integration.certs import client_cert, make_certs
 from tests.integration.conftest import ARTIFACTS
 from tests.integration.harness import Stack, dashboard_status, free_port, make_stack
-from tests.integration.servers import Server, private_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -20,12 +20,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, ConnectionError, NoPermissionError
 
 from services.bench import cluster
+from services.bench.servers import Server, private_server
 from shared.redis_client import RedisAccess
 from tests.conftest import ROOT, new_prefix
 from tests.integration.certs import make_certs
 from tests.integration.conftest import ARTIFACTS
 from tests.integration.harness import Stack, dashboard_status
-from tests.integration.servers import Server, private_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

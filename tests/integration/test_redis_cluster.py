@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
+from services.bench.servers import Server, private_redis_cluster
 from services.edge.hub import RESYNC, Hub, Mailbox
 from shared import token_stream
 from shared.codec import decode
@@ -37,7 +38,6 @@ from shared.resp import RespWriter, Topology
 from tests.conftest import new_prefix
 from tests.integration.conftest import ARTIFACTS
 from tests.integration.harness import Stack, make_stack
-from tests.integration.servers import Server, private_redis_cluster
 from tests.integration.test_handoff import FAST_FAILOVER
 from tests.integration.test_kafka_outage import (
     PROMPTS,

@@ -29,9 +29,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoPermissionError
 
+from services.bench.servers import ClusterNode, Server, private_redis_cluster
 from tests.conftest import ROOT
 from tests.integration.certs import make_certs
-from tests.integration.servers import ClusterNode, Server, private_redis_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import connect as ws_connect
 
 from services.bench import cluster
+from services.bench.servers import Server, private_server
 from services.edge.auth import hash_key
 from shared.codec import decode, encode
 from shared.messages import (
@@ -34,7 +35,6 @@ from shared.messages import (
 from tests.conftest import ROOT, new_prefix
 from tests.integration.conftest import ARTIFACTS
 from tests.integration.harness import Stack, StreamRecorder, produce, read_topic
-from tests.integration.servers import Server, private_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

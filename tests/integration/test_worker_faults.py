@@ -14,6 +14,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from services.bench.servers import Server
 from services.worker.claims import POISON_ATTEMPTS
 from shared import token_stream
 from shared.codec import decode, encode
@@ -29,7 +30,6 @@ from shared.messages import (
 )
 from tests.conftest import new_prefix
 from tests.integration.harness import Stack, StreamRecorder, make_stack, produce, read_topic
-from tests.integration.servers import Server
 from tests.integration.test_handoff import FAST_FAILOVER, greedy_requests, reference_tokens
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -1,7 +1,7 @@
-"""Private Kafka and Redis servers for fault tests: started by the project's own infra
-scripts on free ports and in a folder of their own, so a test may stop, kill and restart
-them (or one node of a Kafka or Redis cluster) without disturbing the session's shared
-servers (or other tests using them)."""
+"""Private Kafka and Redis servers, started by the project's own infra scripts on free
+ports and in a folder of their own: for fault tests, which may stop, kill and restart them
+(or one node of a Kafka or Redis cluster) without disturbing the session's shared servers,
+and for the end-to-end benchmark's cluster profile."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import ROOT
-from tests.integration.harness import free_port
+from services.bench.cluster import ROOT, free_port
 
 
 @dataclass(frozen=True)
