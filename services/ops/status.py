@@ -271,12 +271,55 @@ def render(snap: Snapshot) -> str:
     if snap.redis:
         r = snap.redis
         cap = r["maxmemory_human"] if r.get("maxmemory") else "no limit"
-        out.append(f"redis memory {r['used_memory_human']} (peak {r['peak_human']}, {cap})")
+        over = f", over {r['masters']} masters" if r.get("masters") else ""
+        out.append(f"redis memory {r['used_memory_human']} (peak {r['peak_human']}, {cap}{over})")
     out += [f"! {p}" for p in snap.problems]
     return "\n".join(out)
 
 
 # --- reading what the services publish ----------------------------------------------------
+
+
+async def redis_memory(client: Any, *, cluster: bool) -> dict[str, Any]:
+    """Redis's memory: used, peak and cap; a cluster's summed over its masters."""
+    if not cluster:
+        info = await client.info("memory")
+        return {
+            "used_memory": info.get("used_memory"),
+            "used_memory_human": info.get("used_memory_human"),
+            "peak_human": info.get("used_memory_peak_human"),
+            "maxmemory": info.get("maxmemory"),
+            "maxmemory_human": info.get("maxmemory_human"),
+        }
+    per_node = await client.info("memory", target_nodes="primaries")
+    infos = (
+        list(per_node.values())
+        if all(isinstance(v, dict) for v in per_node.values())
+        else [per_node]
+    )
+
+    def total(key: str) -> int:
+        return sum(int(i.get(key) or 0) for i in infos)
+
+    used, cap = total("used_memory"), total("maxmemory")
+    return {
+        "used_memory": used,
+        "used_memory_human": human_bytes(used),
+        "peak_human": human_bytes(total("used_memory_peak")),
+        "maxmemory": cap,
+        "maxmemory_human": human_bytes(cap),
+        "masters": len(infos),
+    }
+
+
+def human_bytes(n: float) -> str:
+    """Bytes as Redis writes them in INFO: 7.09M, 1.00G."""
+    for unit in ("B", "K", "M", "G", "T"):
+        if n < 1024 or unit == "T":
+            return f"{n:.2f}{unit}" if unit != "B" else f"{int(n)}B"
+        n /= 1024
+    raise AssertionError("unreachable")
+
 
 KINDS = ("worker", "batcher", "edge")
 
@@ -353,14 +396,7 @@ class Collector:
                 for r in members(live["edge"], seen["edge"], ttl, snap.at)
             ]
             self._before = {k: dict(v) for k, v in live.items()}
-            info = await client.info("memory")
-            snap.redis = {
-                "used_memory": info.get("used_memory"),
-                "used_memory_human": info.get("used_memory_human"),
-                "peak_human": info.get("used_memory_peak_human"),
-                "maxmemory": info.get("maxmemory"),
-                "maxmemory_human": info.get("maxmemory_human"),
-            }
+            snap.redis = await redis_memory(client, cluster=self.settings.redis_cluster)
         except (RedisError, OSError) as exc:
             snap.problems.append(f"redis: {exc!r}")
 

@@ -166,3 +166,11 @@ def test_a_chart_point_counts_live_members_only() -> None:
     point = chart_point(snap, (1.0, 2.0))
     assert point["tokens_per_s"].keys() == {"w1"} and point["queue_depth"] == 7
     assert (point["ttft_p50_ms"], point["ttft_p99_ms"]) == (1.0, 2.0)
+
+
+def test_memory_reads_as_redis_writes_it() -> None:
+    from services.ops.status import human_bytes
+
+    assert human_bytes(512) == "512B"
+    assert human_bytes(7.09 * 1024**2) == "7.09M"
+    assert human_bytes(3 * 1024**3) == "3.00G"
