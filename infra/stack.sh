@@ -68,7 +68,7 @@ mkdir -p "$PIDS" "$LOGS"
 # supervisor, named worker, worker2, ... (pid and log files by name). Edge K listens on
 # TW_EDGE_PORT + K - 1. The counts are kept in $TW_RUN_DIR/service-counts, so `down` and
 # `status` act on the same processes; `up` without them keeps the stack's counts.
-read -r KEPT_workers KEPT_batchers KEPT_edges <"$TW_RUN_DIR/service-counts" 2>/dev/null || true
+[ ! -s "$TW_RUN_DIR/service-counts" ] || read -r KEPT_workers KEPT_batchers KEPT_edges <"$TW_RUN_DIR/service-counts"
 COUNT_workers=${COUNT_workers:-${KEPT_workers:-1}}
 COUNT_batchers=${COUNT_batchers:-${KEPT_batchers:-1}}
 COUNT_edges=${COUNT_edges:-${KEPT_edges:-1}}
