@@ -27,6 +27,8 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .root.Values.kafka.bootstrap | quote }}
 - name: TW_REDIS_URL
   value: {{ .root.Values.redis.url | quote }}
+- name: TW_REDIS_CLUSTER
+  value: {{ .root.Values.redis.cluster | quote }}
 - name: TW_TOPIC_PREFIX
   value: {{ .root.Values.topicPrefix | quote }}
 - name: TW_REDIS_USERNAME
