@@ -11,12 +11,13 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 class Rebalance(ConsumerRebalanceListener):
     """Hands partition moves to the service: ``revoked`` is awaited before the partitions
-    go (commit and drop what they brought); ``assigned``, if given, hears the new ones."""
+    go (commit, and drop or hold what they brought); ``assigned``, if given, hears (and,
+    if a coroutine, is awaited on) the new ones."""
 
     def __init__(
         self,
         revoked: Callable[[list[TopicPartition]], Awaitable[None]],
-        assigned: Callable[[list[TopicPartition]], None] | None = None,
+        assigned: Callable[[list[TopicPartition]], Awaitable[None] | None] | None = None,
     ) -> None:
         self._revoked = revoked
         self._assigned = assigned
@@ -25,8 +26,8 @@ class Rebalance(ConsumerRebalanceListener):
         await self._revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        if self._assigned is not None:
-            self._assigned(assigned)
+        if self._assigned is not None and (pending := self._assigned(assigned)) is not None:
+            await pending
 
 
 class Backpressure:

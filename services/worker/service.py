@@ -63,6 +63,7 @@ class WorkerService:
         self.settler = Settler(ctx)
         self.heartbeat = Heartbeat(ctx, self.intake)
         self._stopping = asyncio.Event()
+        self._revoking: set[int] = set()  # revoked in a rebalance not yet assigned
 
     async def run(self) -> None:
         """Serve until ``stop()``; then drain gracefully (see ``_shutdown``)."""
@@ -113,9 +114,7 @@ class WorkerService:
         ctx.kafka_probe.start()
         ctx.consumer.subscribe(
             [ctx.names.batches],
-            listener=Rebalance(
-                lambda revoked: self.hand_back([tp.partition for tp in revoked]), self._assigned
-            ),
+            listener=Rebalance(self._revoked, self._assigned),
         )
         await start_consumer(ctx.consumer, ctx.settings.kafka)
 
@@ -171,18 +170,33 @@ class WorkerService:
         await ctx.claims.aclose()
         await ctx.redis.aclose()
 
-    def _assigned(self, assigned: list[TopicPartition]) -> None:
+    async def _revoked(self, revoked: list[TopicPartition]) -> None:
+        """A rebalance begins: commit what is settled. The requests of the revoked
+        partitions run on until the new assignment says which partitions went elsewhere:
+        every partition is revoked in a rebalance, and most come back."""
+        await self.settler.commit()
+        self._revoking |= {tp.partition for tp in revoked}
+
+    async def _assigned(self, assigned: list[TopicPartition]) -> None:
+        """The rebalance's outcome: hand back the requests of the partitions that went
+        elsewhere; those of the partitions kept were never stopped (their batches come
+        again from the last commit, and their requests are recognised as running)."""
         now = time.time()
         for tp in assigned:
             self.ctx.assigned_at[tp.partition] = now
-        log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
+        kept = {tp.partition for tp in assigned}
+        log.info("assigned partitions %s", sorted(kept))
+        gone, self._revoking = sorted(self._revoking - kept), set()
+        if gone:  # settled offsets were committed at the revocation; no longer ours now
+            await self.hand_back(gone, commit=False)
 
-    async def hand_back(self, partitions: list[int]) -> None:
+    async def hand_back(self, partitions: list[int], *, commit: bool = True) -> None:
         """Stop generating the unfinished requests of ``partitions`` (revoked or shutting
         down) without a final event: their next owner continues their streams. After an
         engine failure their claims count as a crashed attempt (poison accounting)."""
         ctx = self.ctx
-        await self.settler.commit()
+        if commit:
+            await self.settler.commit()
         mine = []
         for part in partitions:
             ctx.offsets.drop_partition(part)

@@ -4,13 +4,16 @@ answered twice as the client sees it, outputs identical to an uninterrupted run.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
+from collections import Counter
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 import torch
+from aiokafka import AIOKafkaConsumer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from shared.codec import decode, encode
@@ -23,7 +26,7 @@ from shared.messages import (
     ReplyTarget,
     SamplingParams,
 )
-from tests.integration.harness import Stack, StreamRecorder, produce, read_topic
+from tests.integration.harness import Stack, StreamRecorder, completions, produce, read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -220,3 +223,65 @@ async def test_sigterm_drains_hands_back_and_another_worker_finishes(
         assert sum(len(e.token_ids) for e in events) == 400
     for r in reqs[:3]:
         assert [t for e in rec.stream(r.request_id) for t in e.token_ids] == expected[r.request_id]
+
+
+async def test_a_worker_joining_takes_partitions_without_restarting_what_stays(
+    bare: Stack,
+) -> None:
+    """A second worker joins while the first runs long requests on both partitions: the
+    first hands back only the requests of the partition it loses, and the ones on the
+    partition it keeps run on, never started again; every request is answered once."""
+    st = bare
+    st.start("batcher")
+    st.start("worker", "w1", TW_MAX_RUNNING="16", TW_LOG_LEVEL="DEBUG")
+    await st.wait_ready()
+    reqs = greedy_requests(8, 600, seed=5, reply_topic=st.names.completions)
+    boot = st.env["TW_KAFKA_BOOTSTRAP"]
+    async with StreamRecorder(st.env["TW_REDIS_URL"], st.names) as rec:
+        await produce(
+            boot,
+            st.names.requests,
+            [encode(r) for r in reqs],
+            [r.request_id.encode() for r in reqs],
+        )
+        await wait_for_progress(rec, len(reqs))
+        st.start("worker", "w2", TW_MAX_RUNNING="16")
+        got = await completions(st, {r.request_id for r in reqs}, within_s=240)
+        for r in reqs:
+            rec.stream(r.request_id)  # contiguous, one final event
+    assert sorted(c.request_id for c in got) == sorted(r.request_id for r in reqs)
+    log = (st.log_dir / f"{st.prefix}-w1.log").read_text()
+    starts = Counter(
+        json.loads(line).get("request_id") for line in log.splitlines() if '"started ' in line
+    )
+    assigned = [
+        json.loads(line)["msg"] for line in log.splitlines() if "assigned partitions" in line
+    ]
+    assert len(assigned) >= 2, assigned  # the join moved partitions
+    kept = set(json.loads(assigned[-1].removeprefix("assigned partitions ")))
+    assert 0 < len(kept) < 2
+    parts = await batch_partitions(boot, st.names.batches, {r.request_id for r in reqs})
+    stayed = [r.request_id for r in reqs if parts[r.request_id] in kept]
+    moved = [r.request_id for r in reqs if parts[r.request_id] not in kept]
+    assert stayed and moved, parts  # both partitions held some
+    assert {rid: starts[rid] for rid in stayed} == dict.fromkeys(stayed, 1), starts
+    worker_of = {c.request_id: c.worker_id for c in got}
+    assert {worker_of[rid] for rid in stayed} == {f"{st.prefix}-w1"}
+
+
+async def batch_partitions(bootstrap: str, topic: str, want: set[str]) -> dict[str, int]:
+    """The batches topic's partition of each request in ``want``."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    out: dict[str, int] = {}
+    try:
+        for _ in range(50):
+            for tp, msgs in (await consumer.getmany(timeout_ms=300)).items():
+                for m in msgs:
+                    for r in decode(Batch, m.value).requests:
+                        out.setdefault(r.request_id, tp.partition)
+            if want <= out.keys():
+                break
+    finally:
+        await consumer.stop()
+    return out

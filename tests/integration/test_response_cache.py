@@ -66,6 +66,9 @@ async def stack(
         TW_AUTH="required",
         TW_API_KEYS=f"{hash_key(ACME)}=acme,{hash_key(BETA)}=beta",
         TW_SEMANTIC_CACHE="true",
+        # A follower that takes a cancelled leader's place generates 1,800 tokens while
+        # the others wait for it: on a loaded 2-core machine longer than the default 30 s.
+        TW_CACHE_COALESCE_WAIT_S="180",
     )
     await st.create_topics()
     st.start("worker")
