@@ -29,6 +29,9 @@ from services.worker.engine.grammar import GrammarCache
 from services.worker.engine.sampler import SamplingConfig
 from services.worker.engine.speculation import SpecConfig
 
+# The parts of the benchmark after the throughput rows, each skippable.
+SECTIONS = ("prefix", "features", "speculation")
+
 
 @dataclass
 class BenchConfig:
@@ -47,6 +50,7 @@ class BenchConfig:
     spec_prompts: int = 3  # extractive prompts, served one at a time
     spec_batch: int = 32  # the chat mix's concurrent requests
     seed: int = 0
+    sections: tuple[str, ...] = SECTIONS  # which parts run (the throughput rows always do)
 
 
 @dataclass
@@ -201,12 +205,15 @@ def run(
         prefill_chunk=512,
     )
     rep.throughput = _throughput(model, tok, cfg, ecfg, rng)
-    rep.prefix = _prefix_cache(model, tok, cfg, ecfg, rng)
-    print(json.dumps(rep.prefix))
-    rep.features = _features(model, tok, cfg, ecfg, rng)
-    print(json.dumps(rep.features))
-    rep.speculation = speculation(model, tok, cfg, ecfg)
-    print(json.dumps(rep.speculation))
+    if "prefix" in cfg.sections:
+        rep.prefix = _prefix_cache(model, tok, cfg, ecfg, rng)
+        print(json.dumps(rep.prefix))
+    if "features" in cfg.sections:
+        rep.features = _features(model, tok, cfg, ecfg, rng)
+        print(json.dumps(rep.features))
+    if "speculation" in cfg.sections:
+        rep.speculation = speculation(model, tok, cfg, ecfg)
+        print(json.dumps(rep.speculation))
     print_table(rep)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -465,11 +472,12 @@ def print_table(rep: Report) -> None:
             f"{r['engine_ttft_p50_ms']:.0f} / {r['engine_ttft_p99_ms']:.0f} |"
         )
     p = rep.prefix
-    print(
-        f"\nshared prefix ({rep.config['prefix_len']} + {rep.config['suffix_len']} tokens): TTFT p50 "
-        f"{p['cache_on']['ttft_p50_ms']:.1f} ms cached vs {p['cache_off']['ttft_p50_ms']:.1f} ms uncached "
-        f"({100 * p['ttft_ratio_on_vs_off']:.0f}%); {f(p['cache_on']['tok_s'])} vs {f(p['cache_off']['tok_s'])} tok/s"
-    )
+    if p:
+        print(
+            f"\nshared prefix ({rep.config['prefix_len']} + {rep.config['suffix_len']} tokens): TTFT p50 "
+            f"{p['cache_on']['ttft_p50_ms']:.1f} ms cached vs {p['cache_off']['ttft_p50_ms']:.1f} ms uncached "
+            f"({100 * p['ttft_ratio_on_vs_off']:.0f}%); {f(p['cache_on']['tok_s'])} vs {f(p['cache_off']['tok_s'])} tok/s"
+        )
     sp = rep.speculation
     if sp:
         for key, what in (
