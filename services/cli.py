@@ -202,6 +202,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
         cfg.prompt_len = args.prompt_len
     if args.new_tokens:
         cfg.new_tokens = args.new_tokens
+    if args.no_generate_batch:
+        cfg.with_generate_batch = False
     if args.only:
         cfg.sections = tuple(s for s in SECTIONS if s in args.only)
     run(model_dir, cfg, Path(args.out) if args.out else None, args.device, args.dtype)
@@ -430,6 +432,11 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
     )
     be.add_argument(
         "--new-tokens", type=int, default=0, help="tokens generated per request (default: 128)"
+    )
+    be.add_argument(
+        "--no-generate-batch",
+        action="store_true",
+        help="leave out transformers' continuous batching (slow on CPU at high concurrency)",
     )
     be.add_argument(
         "--only",
