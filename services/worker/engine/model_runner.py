@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from services.worker.engine.alibi import alibi_forward
+from services.worker.engine.direct import direct_decoder
 from services.worker.engine.kv_cache import HOLE
 from services.worker.engine.layout import AttentionLayout, UnsupportedModel, attention_layout
 
@@ -378,6 +379,8 @@ class ModelRunner:
         # the pool's bytes.
         limit = num_blocks * block_size * len(groups[0]) // layers
         self._slots = _DecodeSlots(self._group_of, kv_heads, head_dim, block_size, limit)
+        # Decode steps on the weights directly where that reproduces the model exactly.
+        self._direct = None if self._alibi is not None else direct_decoder(model, self._run)
 
     def _tables(self, item: RunItem) -> Sequence[Sequence[int]]:
         """The item's block table of each KV group."""
@@ -478,7 +481,13 @@ class ModelRunner:
             pos_t,
             kv_len,
         )
-        logits = self._run(ids_t.view(rows, 1), pos_t.view(rows, 1), kv_len, cache, 1)[:, 0]
+        ids_t, pos_t = ids_t.view(rows, 1), pos_t.view(rows, 1)
+        direct = self._direct
+        mask = self._mask(pos_t, kv_len) if direct is not None else None
+        if direct is not None and isinstance(mask, torch.Tensor):  # one mask for every layer
+            logits = direct(ids_t, pos_t, mask, cache)
+        else:
+            logits = self._run(ids_t, pos_t, kv_len, cache, 1)[:, 0]
         return logits.float()[torch.tensor(slot, device=dev)]
 
     def _prefill(self, items: Sequence[RunItem], every_position: bool = False) -> torch.Tensor:
