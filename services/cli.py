@@ -441,7 +441,7 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
     be.add_argument(
         "--only",
         nargs="+",
-        choices=["throughput", "prefix", "features", "speculation"],
+        choices=["throughput", "prefix", "features", "speculation", "overhead"],
         help="run the throughput rows and these parts only (default: every part)",
     )
     be.add_argument(

@@ -30,7 +30,7 @@ from services.worker.engine.sampler import SamplingConfig
 from services.worker.engine.speculation import SpecConfig
 
 # The parts of the benchmark after the throughput rows, each skippable.
-SECTIONS = ("prefix", "features", "speculation")
+SECTIONS = ("prefix", "features", "speculation", "overhead")
 
 
 @dataclass
@@ -66,6 +66,7 @@ class Report:
     prefix: dict[str, Any] = field(default_factory=dict)
     features: dict[str, Any] = field(default_factory=dict)
     speculation: dict[str, Any] = field(default_factory=dict)
+    overhead: dict[str, Any] = field(default_factory=dict)
 
 
 def _prompts(
@@ -214,6 +215,9 @@ def run(
     if "speculation" in cfg.sections:
         rep.speculation = speculation(model, tok, cfg, ecfg)
         print(json.dumps(rep.speculation))
+    if "overhead" in cfg.sections:
+        rep.overhead = overhead(model, tok, cfg, ecfg)
+        print(json.dumps(rep.overhead))
     print_table(rep)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -387,6 +391,60 @@ def speculation(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> d
     return out
 
 
+def engine_serial(
+    model: Any, tok: Any, prompts: list[list[int]], new: int, cfg: EngineConfig
+) -> float:
+    """tokens/s of the engine serving ``prompts`` one at a time, each to the end."""
+    engine = Engine(model, tok, cfg)
+    t0 = time.perf_counter()
+    for i, p in enumerate(prompts):
+        engine.add_request(EngineRequest(f"s{i}", p, max_tokens=new, ignore_eos=True))
+        engine.run_until_idle()
+    return len(prompts) * new / (time.perf_counter() - t0)
+
+
+# Rounds of the engine against generate in the overhead figures.
+OVERHEAD_ROUNDS = 4
+
+
+def overhead(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str, Any]:
+    """The engine against ``generate`` in rounds that alternate which runs first: one
+    request at a time (``cfg.serial_requests`` prompts) against ``generate`` one at a time,
+    and the highest concurrency at once against ``generate`` on one static batch. Each
+    round's ratio, and their median: on a machine shared with other work a ratio within a
+    round drifts far less than the throughput rows, each timed once."""
+    rng = random.Random(cfg.seed + 2)
+    vocab = model.config.vocab_size
+    serial = _prompts(cfg.serial_requests, cfg.prompt_len, vocab, rng)
+    n = max(cfg.concurrencies)
+    batch = _prompts(n, cfg.prompt_len, vocab, rng)
+    pairs: dict[str, tuple[Callable[[], float], Callable[[], float]]] = {
+        "one_at_a_time": (
+            lambda: engine_serial(model, tok, serial, cfg.new_tokens, ecfg),
+            lambda: hf_serial(model, serial, cfg.new_tokens),
+        ),
+        f"static_batch_{n}": (
+            lambda: engine_run(model, tok, batch, cfg.new_tokens, ecfg)[0],
+            lambda: hf_static(model, batch, cfg.new_tokens),
+        ),
+    }
+    out: dict[str, Any] = {"rounds": OVERHEAD_ROUNDS}
+    for name, (ours, theirs) in pairs.items():
+        engine: list[float] = []
+        hf: list[float] = []
+        for r in range(OVERHEAD_ROUNDS):
+            for fn, into in ((ours, engine), (theirs, hf))[:: 1 if r % 2 == 0 else -1]:
+                into.append(fn())
+        ratios = [a / b for a, b in zip(engine, hf, strict=True)]
+        out[name] = {
+            "engine_tok_s": engine,
+            "generate_tok_s": hf,
+            "ratios": ratios,
+            "median_ratio": statistics.median(ratios),
+        }
+    return out
+
+
 def _extractive_text(rng: random.Random, words: int) -> str:
     """An instruction to repeat a passage, the passage, and the start of its copy."""
     passage = " ".join(rng.choices(WORDS, k=words))
@@ -494,6 +552,14 @@ def print_table(rep: Report) -> None:
                 f"({r['spec_vs_plain']:.2f}x, paired rounds {r['spec_vs_plain_paired']:.2f}x); "
                 f"acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "
                 f"{r['mean_accepted']:.2f} tokens over {r['verifications']} drafts"
+            )
+    oh = rep.overhead
+    for key, r in oh.items() if oh else ():
+        if isinstance(r, dict):
+            print(
+                f"engine vs generate ({key.replace('_', ' ')}), {oh['rounds']} alternating "
+                f"rounds: median {r['median_ratio']:.2f}x (rounds "
+                f"{', '.join(f'{x:.2f}x' for x in r['ratios'])})"
             )
     ft = rep.features
     if ft:
