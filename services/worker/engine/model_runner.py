@@ -24,6 +24,10 @@ does after its LM head (final-logit softcapping) is kept.
   that left free their slots for the next ones. The copy is derived from the pool and never
   larger than it (KV memory stays within twice the budget); rows that would need more are
   gathered from the pool as in prefill.
+
+For plain Llama-family models the decode pass itself runs on the model's weights directly
+(``direct.py``: the same operations, bit-identical, without transformers' module calls,
+which were most of a small model's decode step).
 """
 
 from __future__ import annotations
