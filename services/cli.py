@@ -179,7 +179,7 @@ def cmd_ask(args: argparse.Namespace) -> None:
 def cmd_bench_engine(args: argparse.Namespace) -> None:
     import torch
 
-    from services.bench.engine_bench import BenchConfig, run
+    from services.bench.engine_bench import SECTIONS, BenchConfig, run
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -202,6 +202,10 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
         cfg.prompt_len = args.prompt_len
     if args.new_tokens:
         cfg.new_tokens = args.new_tokens
+    if args.no_generate_batch:
+        cfg.with_generate_batch = False
+    if args.only:
+        cfg.sections = tuple(s for s in SECTIONS if s in args.only)
     run(model_dir, cfg, Path(args.out) if args.out else None, args.device, args.dtype)
 
 
@@ -438,6 +442,17 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
     )
     be.add_argument(
         "--new-tokens", type=int, default=0, help="tokens generated per request (default: 128)"
+    )
+    be.add_argument(
+        "--no-generate-batch",
+        action="store_true",
+        help="leave out transformers' continuous batching (slow on CPU at high concurrency)",
+    )
+    be.add_argument(
+        "--only",
+        nargs="+",
+        choices=["throughput", "prefix", "features", "speculation", "overhead"],
+        help="run the throughput rows and these parts only (default: every part)",
     )
     be.add_argument(
         "--device",

@@ -29,6 +29,9 @@ from services.worker.engine.grammar import GrammarCache
 from services.worker.engine.sampler import SamplingConfig
 from services.worker.engine.speculation import SpecConfig
 
+# The parts of the benchmark after the throughput rows, each skippable.
+SECTIONS = ("prefix", "features", "speculation", "overhead")
+
 
 @dataclass
 class BenchConfig:
@@ -47,6 +50,7 @@ class BenchConfig:
     spec_prompts: int = 3  # extractive prompts, served one at a time
     spec_batch: int = 32  # the chat mix's concurrent requests
     seed: int = 0
+    sections: tuple[str, ...] = SECTIONS  # which parts run (the throughput rows always do)
 
 
 @dataclass
@@ -62,6 +66,7 @@ class Report:
     prefix: dict[str, Any] = field(default_factory=dict)
     features: dict[str, Any] = field(default_factory=dict)
     speculation: dict[str, Any] = field(default_factory=dict)
+    overhead: dict[str, Any] = field(default_factory=dict)
 
 
 def _prompts(
@@ -201,12 +206,18 @@ def run(
         prefill_chunk=512,
     )
     rep.throughput = _throughput(model, tok, cfg, ecfg, rng)
-    rep.prefix = _prefix_cache(model, tok, cfg, ecfg, rng)
-    print(json.dumps(rep.prefix))
-    rep.features = _features(model, tok, cfg, ecfg, rng)
-    print(json.dumps(rep.features))
-    rep.speculation = speculation(model, tok, cfg, ecfg)
-    print(json.dumps(rep.speculation))
+    if "prefix" in cfg.sections:
+        rep.prefix = _prefix_cache(model, tok, cfg, ecfg, rng)
+        print(json.dumps(rep.prefix))
+    if "features" in cfg.sections:
+        rep.features = _features(model, tok, cfg, ecfg, rng)
+        print(json.dumps(rep.features))
+    if "speculation" in cfg.sections:
+        rep.speculation = speculation(model, tok, cfg, ecfg)
+        print(json.dumps(rep.speculation))
+    if "overhead" in cfg.sections:
+        rep.overhead = overhead(model, tok, cfg, ecfg)
+        print(json.dumps(rep.overhead))
     print_table(rep)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -380,6 +391,60 @@ def speculation(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> d
     return out
 
 
+def engine_serial(
+    model: Any, tok: Any, prompts: list[list[int]], new: int, cfg: EngineConfig
+) -> float:
+    """tokens/s of the engine serving ``prompts`` one at a time, each to the end."""
+    engine = Engine(model, tok, cfg)
+    t0 = time.perf_counter()
+    for i, p in enumerate(prompts):
+        engine.add_request(EngineRequest(f"s{i}", p, max_tokens=new, ignore_eos=True))
+        engine.run_until_idle()
+    return len(prompts) * new / (time.perf_counter() - t0)
+
+
+# Rounds of the engine against generate in the overhead figures.
+OVERHEAD_ROUNDS = 4
+
+
+def overhead(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str, Any]:
+    """The engine against ``generate`` in rounds that alternate which runs first: one
+    request at a time (``cfg.serial_requests`` prompts) against ``generate`` one at a time,
+    and the highest concurrency at once against ``generate`` on one static batch. Each
+    round's ratio, and their median: on a machine shared with other work a ratio within a
+    round drifts far less than the throughput rows, each timed once."""
+    rng = random.Random(cfg.seed + 2)
+    vocab = model.config.vocab_size
+    serial = _prompts(cfg.serial_requests, cfg.prompt_len, vocab, rng)
+    n = max(cfg.concurrencies)
+    batch = _prompts(n, cfg.prompt_len, vocab, rng)
+    pairs: dict[str, tuple[Callable[[], float], Callable[[], float]]] = {
+        "one_at_a_time": (
+            lambda: engine_serial(model, tok, serial, cfg.new_tokens, ecfg),
+            lambda: hf_serial(model, serial, cfg.new_tokens),
+        ),
+        f"static_batch_{n}": (
+            lambda: engine_run(model, tok, batch, cfg.new_tokens, ecfg)[0],
+            lambda: hf_static(model, batch, cfg.new_tokens),
+        ),
+    }
+    out: dict[str, Any] = {"rounds": OVERHEAD_ROUNDS}
+    for name, (ours, theirs) in pairs.items():
+        engine: list[float] = []
+        hf: list[float] = []
+        for r in range(OVERHEAD_ROUNDS):
+            for fn, into in ((ours, engine), (theirs, hf))[:: 1 if r % 2 == 0 else -1]:
+                into.append(fn())
+        ratios = [a / b for a, b in zip(engine, hf, strict=True)]
+        out[name] = {
+            "engine_tok_s": engine,
+            "generate_tok_s": hf,
+            "ratios": ratios,
+            "median_ratio": statistics.median(ratios),
+        }
+    return out
+
+
 def _extractive_text(rng: random.Random, words: int) -> str:
     """An instruction to repeat a passage, the passage, and the start of its copy."""
     passage = " ".join(rng.choices(WORDS, k=words))
@@ -465,11 +530,12 @@ def print_table(rep: Report) -> None:
             f"{r['engine_ttft_p50_ms']:.0f} / {r['engine_ttft_p99_ms']:.0f} |"
         )
     p = rep.prefix
-    print(
-        f"\nshared prefix ({rep.config['prefix_len']} + {rep.config['suffix_len']} tokens): TTFT p50 "
-        f"{p['cache_on']['ttft_p50_ms']:.1f} ms cached vs {p['cache_off']['ttft_p50_ms']:.1f} ms uncached "
-        f"({100 * p['ttft_ratio_on_vs_off']:.0f}%); {f(p['cache_on']['tok_s'])} vs {f(p['cache_off']['tok_s'])} tok/s"
-    )
+    if p:
+        print(
+            f"\nshared prefix ({rep.config['prefix_len']} + {rep.config['suffix_len']} tokens): TTFT p50 "
+            f"{p['cache_on']['ttft_p50_ms']:.1f} ms cached vs {p['cache_off']['ttft_p50_ms']:.1f} ms uncached "
+            f"({100 * p['ttft_ratio_on_vs_off']:.0f}%); {f(p['cache_on']['tok_s'])} vs {f(p['cache_off']['tok_s'])} tok/s"
+        )
     sp = rep.speculation
     if sp:
         for key, what in (
@@ -486,6 +552,14 @@ def print_table(rep: Report) -> None:
                 f"({r['spec_vs_plain']:.2f}x, paired rounds {r['spec_vs_plain_paired']:.2f}x); "
                 f"acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "
                 f"{r['mean_accepted']:.2f} tokens over {r['verifications']} drafts"
+            )
+    oh = rep.overhead
+    for key, r in oh.items() if oh else ():
+        if isinstance(r, dict):
+            print(
+                f"engine vs generate ({key.replace('_', ' ')}), {oh['rounds']} alternating "
+                f"rounds: median {r['median_ratio']:.2f}x (rounds "
+                f"{', '.join(f'{x:.2f}x' for x in r['ratios'])})"
             )
     ft = rep.features
     if ft:

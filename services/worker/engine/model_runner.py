@@ -24,6 +24,10 @@ does after its LM head (final-logit softcapping) is kept.
   that left free their slots for the next ones. The copy is derived from the pool and never
   larger than it (KV memory stays within twice the budget); rows that would need more are
   gathered from the pool as in prefill.
+
+For plain Llama-family models the decode pass itself runs on the model's weights directly
+(``direct.py``: the same operations, bit-identical, without transformers' module calls,
+which were most of a small model's decode step).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 import torch
 
 from services.worker.engine.alibi import alibi_forward
+from services.worker.engine.direct import direct_decoder
 from services.worker.engine.kv_cache import HOLE
 from services.worker.engine.layout import AttentionLayout, UnsupportedModel, attention_layout
 
@@ -206,6 +211,10 @@ class _DecodeSlots:
         """Give every item a slot in ``0 … len(items)-1`` holding its KV before ``start`` and
         return each item's slot; None (and nothing held) when the rows don't fit the limit."""
         rows, need = len(items), max(it.start for it in items) + 1
+        if self._steady(items, need):
+            for i, it in enumerate(items):
+                self.lengths[i] = it.start + 1
+            return list(range(rows))
         size = self._size_for(rows, need)
         if size is None:
             self.release()
@@ -221,6 +230,19 @@ class _DecodeSlots:
             self.keys[slot[i]] = it.row_key
             self.lengths[slot[i]] = it.start + 1  # after this step's token is written
         return slot
+
+    def _steady(self, items: Sequence[RunItem], need: int) -> bool:
+        """Whether the items are the rows of the last step, in their slots' order, each
+        one token further, with room for it: nothing to move, load or resize."""
+        held = len(self.keys) - self.keys.count(None)
+        return (
+            held == len(items)
+            and need <= self.capacity
+            and all(
+                self.keys[i] == it.row_key and self.lengths[i] == it.start
+                for i, it in enumerate(items)
+            )
+        )
 
     def _size_for(self, rows: int, need: int) -> tuple[int, int] | None:
         """Slots and capacity for a new buffer. Rows join a few per step while prompts are
@@ -378,6 +400,8 @@ class ModelRunner:
         # the pool's bytes.
         limit = num_blocks * block_size * len(groups[0]) // layers
         self._slots = _DecodeSlots(self._group_of, kv_heads, head_dim, block_size, limit)
+        # Decode steps on the weights directly where that reproduces the model exactly.
+        self._direct = None if self._alibi is not None else direct_decoder(model, self._run)
 
     def _tables(self, item: RunItem) -> Sequence[Sequence[int]]:
         """The item's block table of each KV group."""
@@ -478,7 +502,15 @@ class ModelRunner:
             pos_t,
             kv_len,
         )
-        logits = self._run(ids_t.view(rows, 1), pos_t.view(rows, 1), kv_len, cache, 1)[:, 0]
+        ids_t, pos_t = ids_t.view(rows, 1), pos_t.view(rows, 1)
+        direct = self._direct
+        mask = self._mask(pos_t, kv_len) if direct is not None else None
+        if direct is not None and isinstance(mask, torch.Tensor):  # one mask for every layer
+            logits = direct(ids_t, pos_t, mask, cache)
+        else:
+            logits = self._run(ids_t, pos_t, kv_len, cache, 1)[:, 0]
+        if slot == sorted(slot):  # every item in the slot of its own index: rows in order
+            return logits.float()
         return logits.float()[torch.tensor(slot, device=dev)]
 
     def _prefill(self, items: Sequence[RunItem], every_position: bool = False) -> torch.Tensor:

@@ -117,10 +117,14 @@ class Scheduler:
             ):
                 seq.draft = []  # a guess never preempts anyone
             n += len(seq.draft)
+            preempted = len(plan.preempted)
             if self._reserve(seq, n, plan):
                 plan.work.append(Work(seq, n, len(seq.draft)))
-            # A preempted sequence's planned tokens go back to the budget.
-            budget = self.config.max_step_tokens - sum(w.num_tokens for w in plan.work)
+                budget -= n
+            if len(plan.preempted) > preempted:
+                # A preempted sequence's planned tokens go back to the budget (summed only
+                # then: once per sequence, it made a step quadratic in the batch).
+                budget = self.config.max_step_tokens - sum(w.num_tokens for w in plan.work)
         self._admit(plan, budget, cut)
         return plan
 

@@ -1,0 +1,186 @@
+"""Decode steps of a plain Llama-family model run on its weights directly.
+
+On a small model a decode step's time is mostly Python, not arithmetic: transformers' Llama
+forward makes about 85 module calls a token, through decorators, keyword merging and
+output records, around a few dozen small kernels (tiny preset, one request, one thread:
+about 40% of the model's time). For the models listed in ``DIRECT``, the runner runs its
+decode steps here instead: the same torch operations, in the same order, on the same
+weights, so the logits are bit-identical, without the modules around them. The runner
+takes this path only after checking at load that it reproduces the model's own logits
+bit for bit (``DirectDecoder.matches``), so a transformers release that changes the
+forward falls back to it rather than serve other tokens. Prefill chunks, which carry
+more arithmetic per call, always go through the model's own forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# Model classes whose decoder layer is exactly: RMSNorm, q/k/v projections, rotary
+# embedding, SDPA over the cache, output projection, residual; RMSNorm, SiLU-gated MLP,
+# residual.
+DIRECT = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
+# Rotary types whose inverse frequencies are fixed at load (dynamic ones change them).
+STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    norm1: torch.Tensor
+    eps1: float
+    q: tuple[torch.Tensor, torch.Tensor | None]
+    k: tuple[torch.Tensor, torch.Tensor | None]
+    v: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    norm2: torch.Tensor
+    eps2: float
+    gate: tuple[torch.Tensor, torch.Tensor | None]
+    up: tuple[torch.Tensor, torch.Tensor | None]
+    down: tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _w(linear: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return linear.weight, linear.bias
+
+
+class DirectDecoder:
+    """One-token-per-row forward passes of a Llama-family model over a runner's cache
+    (anything with ``update(keys, values, layer)``), returning ``[rows, vocab]`` logits."""
+
+    def __init__(self, model: Any) -> None:
+        body = model.model
+        cfg = model.config
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        first = body.layers[0].self_attn
+        self.head_dim, self.scaling = first.head_dim, first.scaling
+        self.embed = body.embed_tokens.weight
+        self.inv_freq = body.rotary_emb.inv_freq
+        self.rope_scaling = body.rotary_emb.attention_scaling
+        self.norm, self.norm_eps = body.norm.weight, body.norm.variance_epsilon
+        self.head = model.lm_head.weight
+        self.layers = [
+            _Layer(
+                layer.input_layernorm.weight,
+                layer.input_layernorm.variance_epsilon,
+                _w(layer.self_attn.q_proj),
+                _w(layer.self_attn.k_proj),
+                _w(layer.self_attn.v_proj),
+                _w(layer.self_attn.o_proj),
+                layer.post_attention_layernorm.weight,
+                layer.post_attention_layernorm.variance_epsilon,
+                _w(layer.mlp.gate_proj),
+                _w(layer.mlp.up_proj),
+                _w(layer.mlp.down_proj),
+            )
+            for layer in body.layers
+        ]
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` of one new token per row (``input_ids`` and
+        ``positions``: ``[rows, 1]``) attending through ``mask`` (``[rows, 1, 1, kv_len]``)."""
+        x = F.embedding(input_ids, self.embed)
+        cos, sin = self._rotary(positions, x.dtype)
+        rows, d = input_ids.shape[0], self.head_dim
+        group = self.heads // self.kv_heads
+        for i, lay in enumerate(self.layers):
+            h = _rms(x, lay.norm1, lay.eps1)
+            q = F.linear(h, *lay.q).view(rows, 1, -1, d).transpose(1, 2)
+            k = F.linear(h, *lay.k).view(rows, 1, -1, d).transpose(1, 2)
+            v = F.linear(h, *lay.v).view(rows, 1, -1, d).transpose(1, 2)
+            q = (q * cos) + (_rotate_half(q) * sin)
+            k = (k * cos) + (_rotate_half(k) * sin)
+            k, v = cache.update(k, v, i)
+            if group > 1:  # transformers' SDPA path for one query with a mask: heads packed
+                q = q.reshape(rows, self.kv_heads, group, d)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+            a = a.reshape(rows, -1, 1, d).transpose(1, 2).contiguous()
+            x = x + F.linear(a.reshape(rows, 1, -1).contiguous(), *lay.o)
+            h = _rms(x, lay.norm2, lay.eps2)
+            x = x + F.linear(F.silu(F.linear(h, *lay.gate)) * F.linear(h, *lay.up), *lay.down)
+        return F.linear(_rms(x, self.norm, self.norm_eps), self.head)[:, 0]
+
+    def matches(self, run: Callable[..., torch.Tensor]) -> bool:
+        """Whether ``run`` (the model's own forward through the runner) gives bit-identical
+        logits on a probe: three rows at different positions over made-up keys and values."""
+        rows, kv_len = 3, 5
+        dev = self.embed.device
+        ids = torch.tensor([[1], [2], [3]], device=dev) % self.embed.shape[0]
+        pos = torch.tensor([[4], [2], [3]], device=dev)
+        mask = torch.arange(kv_len, device=dev).view(1, 1, 1, -1) <= pos.view(rows, 1, 1, 1)
+        shape = (len(self.layers), rows, self.kv_heads, kv_len, self.head_dim)
+        with torch.inference_mode():
+            theirs = run(ids, pos, kv_len, _ProbeCache(shape, self.embed), 1)[:, 0]
+            ours = self(ids, pos, mask, _ProbeCache(shape, self.embed))
+        return bool(torch.equal(theirs, ours))
+
+    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """Cosines and sines ``[rows, 1, 1, head_dim]``, as the model's rotary module."""
+        inv = self.inv_freq.to(device=positions.device, dtype=torch.float)
+        freqs = positions[..., None].float() * inv
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scaling).to(dtype=dtype)
+        sin = (emb.sin() * self.rope_scaling).to(dtype=dtype)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+
+def direct_decoder(model: Any, run: Callable[..., torch.Tensor]) -> DirectDecoder | None:
+    """A direct decoder for ``model`` when its class and config are of the plain kind and
+    it reproduces ``run`` (the runner's own forward: ``(ids, positions, kv_len, cache,
+    keep)`` → logits ``[rows, 1, vocab]``) bit for bit on a probe; None otherwise."""
+    cfg = model.config
+    rope = getattr(cfg, "rope_parameters", None) or {"rope_type": "default"}
+    plain = (
+        type(model).__name__ in DIRECT
+        and getattr(cfg, "_attn_implementation", "sdpa") == "sdpa"
+        and getattr(cfg, "hidden_act", None) == "silu"
+        and getattr(cfg, "pretraining_tp", 1) == 1
+        and rope.get("rope_type", "default") in STATIC_ROPE
+        and not getattr(cfg, "mlp_bias", False)
+        and len(set(getattr(cfg, "layer_types", None) or ["full_attention"])) == 1
+    )
+    if not plain:
+        return None
+    try:
+        decoder = DirectDecoder(model)
+    except AttributeError:  # a module laid out otherwise than the class above
+        return None
+    return decoder if decoder.matches(run) else None
+
+
+class _ProbeCache:
+    """A cache of a few positions of made-up keys and values, the new token written last."""
+
+    def __init__(self, shape: tuple[int, ...], like: torch.Tensor) -> None:
+        """``shape``: layers, rows, KV heads, positions, head size."""
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        self.k = torch.randn(shape, generator=gen).to(like.device, like.dtype)
+        self.v = torch.randn(shape, generator=gen).to(like.device, like.dtype)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer: int, **_: Any) -> tuple[Any, Any]:
+        self.k[layer, :, :, -1] = k[:, :, 0]
+        self.v[layer, :, :, -1] = v[:, :, 0]
+        return self.k[layer], self.v[layer]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.k.shape[3])
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm: in float32, back to the input's type before the weight."""
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(variance + eps)).to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,90 @@
+"""Decode steps on the weights directly (``services.worker.engine.direct``): taken for the
+plain Llama-family rows of the compatibility matrix, bit-identical to the model's own
+forward through the same runner over many steps of a changing batch, and refused for
+anything else, including a model whose own forward differs from it in the last bit."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from services.worker.engine.direct import direct_decoder
+from services.worker.engine.model_runner import ModelRunner, RunItem
+from services.worker.loader import load_model
+from tests.tiny_models import VOCAB, build_tiny
+
+pytestmark = pytest.mark.timeout(300)
+
+BLOCK = 8
+PER_SEQ = 40  # blocks per sequence: room for 320 tokens
+
+# Matrix rows the direct path serves, and rows it must leave to the model's forward.
+DIRECT_ROWS = ["llama", "llama-rope-llama3", "llama-rope-yarn", "mistral", "qwen2"]
+MODEL_ROWS = ["llama-rope-dynamic", "qwen3", "gemma", "gpt2", "falcon"]
+
+
+def decode_logits(runner: ModelRunner, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:
+    """Each step's decode logits, rows joining and leaving (greedy: the argmax is fed back)."""
+    rng = random.Random(1)
+    seqs = [list(p) for p in prompts]
+    for i, s in enumerate(seqs):  # all but the last prompt token
+        runner.forward([RunItem(s[:-1], 0, range(i * PER_SEQ, (i + 1) * PER_SEQ))])
+    out = []
+    for _ in range(steps):
+        rows = sorted(rng.sample(range(len(seqs)), rng.randint(1, len(seqs))))
+        items = [
+            RunItem([seqs[i][-1]], len(seqs[i]) - 1, range(i * PER_SEQ, (i + 1) * PER_SEQ), i)
+            for i in rows
+        ]
+        logits = runner.forward(items)
+        out.append(logits)
+        for i, tok in zip(rows, logits.argmax(-1).tolist(), strict=True):
+            seqs[i].append(tok)
+    return out
+
+
+def assert_bit_identical(model: Any, vocab: int) -> None:
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (2, 9, 30, 17, 64)]
+    direct = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
+    plain = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
+    assert direct._direct is not None
+    plain._direct = None
+    ours = decode_logits(direct, prompts, 40)
+    theirs = decode_logits(plain, prompts, 40)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_the_embedded_model_decodes_directly_bit_for_bit(lm: tuple[Any, Any]) -> None:
+    model = lm[0]
+    assert_bit_identical(model, model.config.vocab_size)
+
+
+@pytest.mark.parametrize("name", DIRECT_ROWS)
+def test_plain_llama_family_rows_decode_directly_bit_for_bit(
+    name: str, tmp_path: Path, model_dir: str
+) -> None:
+    model, _ = load_model(str(build_tiny(name, tmp_path / name, model_dir)), "cpu", "float32")
+    assert_bit_identical(model, VOCAB)
+
+
+@pytest.mark.parametrize("name", MODEL_ROWS)
+def test_other_models_keep_their_own_forward(name: str, tmp_path: Path, model_dir: str) -> None:
+    model, _ = load_model(str(build_tiny(name, tmp_path / name, model_dir)), "cpu", "float32")
+    assert ModelRunner(model, 8, BLOCK)._direct is None
+
+
+def test_a_forward_that_differs_in_the_last_bit_is_not_replaced(lm: tuple[Any, Any]) -> None:
+    model = lm[0]
+    runner = ModelRunner(model, 8, BLOCK)
+    assert direct_decoder(model, runner._run) is not None
+
+    def nudged(*args: Any) -> torch.Tensor:
+        logits = runner._run(*args)
+        return torch.nextafter(logits, torch.full_like(logits, float("inf")))
+
+    assert direct_decoder(model, nudged) is None
