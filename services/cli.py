@@ -71,6 +71,7 @@ def cmd_worker(_: argparse.Namespace) -> None:
         model_dir=settings.model_dir,
         device=settings.device,
         dtype=settings.dtype,
+        quantize=settings.quantize,
         torch_threads=settings.torch_threads,
         nice=settings.engine_nice,
         config=EngineConfig(

@@ -29,6 +29,11 @@ class WorkerSettings(FleetSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="the model's precision; auto: float32 on CPU, bfloat16 on CUDA"
     )
+    quantize: Literal["none", "int8"] = Field(
+        "none",
+        description="int8: the linear layers' weights in int8, activations quantized per "
+        "step (torch's dynamic quantization; CPU only)",
+    )
     torch_threads: int = Field(0, ge=0, description="0: torch's default")
     engine_nice: int = Field(
         5, ge=0, le=19, description="the engine process's niceness above the worker's"

@@ -24,11 +24,18 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def load_model(model_dir: str, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
+def load_model(
+    model_dir: str, device: str = "auto", dtype: str = "auto", quantize: str = "none"
+) -> tuple[Any, Any]:
     """Model and tokenizer from a local folder, in eval mode, with SDPA attention where the
     model supports it exactly and eager attention else. A model the engine cannot serve
-    exactly is refused here (``UnsupportedModel``), before its weights are read."""
+    exactly is refused here (``UnsupportedModel``), before its weights are read.
+    ``quantize="int8"``: its linear layers in int8 (``quantize_int8``)."""
     dev = pick_device(device)
+    if quantize not in ("none", "int8"):
+        raise ValueError(f"unknown quantization {quantize!r}: none or int8")
+    if quantize == "int8" and dev.type != "cpu":
+        raise ValueError("int8 weights (TW_QUANTIZE=int8) run on the CPU only")
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     attention_layout(config)
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
@@ -41,4 +48,24 @@ def load_model(model_dir: str, device: str = "auto", dtype: str = "auto") -> tup
         local_files_only=True,
     )
     model.to(dev)  # type: ignore[arg-type]
-    return model.eval(), tokenizer
+    model.eval()
+    if quantize == "int8":
+        quantize_int8(model)
+    return model, tokenizer
+
+
+def quantize_int8(model: Any) -> None:
+    """Every ``nn.Linear`` of ``model`` (the output head among them) replaced in place by
+    torch's dynamically quantized one: int8 weights (a scale per tensor), each step's
+    activations quantized on the fly, the matrix products in int8 (fbgemm on x86). torch marks ``torch.ao.quantization`` deprecated in
+    favour of torchao, whose int8 weight-only CPU path ran 8x slower than this here; the
+    warning is silenced, and a torch without it refuses ``TW_QUANTIZE=int8`` at start."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.ao")
+        warnings.filterwarnings("ignore", message=r".*torch\.ao\.quantization is deprecated")
+        warnings.filterwarnings("ignore", message=r".*quantize_per_tensor.*deprecated")
+        torch.ao.quantization.quantize_dynamic(
+            model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
+        )

@@ -57,6 +57,7 @@ class EngineSpec:
     model_dir: str
     device: str = "auto"
     dtype: str = "auto"
+    quantize: str = "none"
     torch_threads: int = 0  # 0: torch's default
     nice: int = 0  # added to the niceness of the process and of every thread it starts
     config: EngineConfig = field(default_factory=EngineConfig)
@@ -312,7 +313,7 @@ def _build(spec: EngineSpec) -> Any:
 
     if spec.torch_threads:
         torch.set_num_threads(spec.torch_threads)
-    model, tokenizer = load_model(spec.model_dir, spec.device, spec.dtype)
+    model, tokenizer = load_model(spec.model_dir, spec.device, spec.dtype, spec.quantize)
     return Engine(model, tokenizer, spec.config)
 
 

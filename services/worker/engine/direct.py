@@ -45,6 +45,8 @@ class _Layer:
 
 
 def _w(linear: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if not isinstance(linear.weight, torch.Tensor):  # a quantized layer: its own forward
+        raise AttributeError(f"{type(linear).__name__} has no plain weight")
     return linear.weight, linear.bias
 
 
