@@ -45,7 +45,7 @@ from services.edge.cancel import send_cancels
 from services.edge.state import EdgeState
 from shared.codec import DecodeError, decode, encode
 from shared.kafka_io import make_consumer
-from shared.messages import CancelRequest, Completion
+from shared.messages import CacheMode, CancelRequest, Completion, GenerateRequest
 from shared.retry import REDIS_DOWN
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ class BatchRunner:
         )
         futures = []
         for job in jobs:
-            req = job.request.with_seed()
+            req = self._cached(job.request.with_seed(), job.cache)
             futures.append(
                 await self.st.producer.send(
                     self.st.names.requests, encode(req), key=req.request_id.encode()
@@ -195,6 +195,15 @@ class BatchRunner:
             )
         await asyncio.gather(*futures)
         await self.store.update(rec.id, submitted=rec.submitted + room)
+
+    def _cached(self, req: GenerateRequest, mode: CacheMode) -> GenerateRequest:
+        """A line asking the batcher for the exact cache (it looks greedy and client-seeded
+        lines up, answers a hit on the completions topic as a worker would, and has a
+        miss's answer stored). A line's result is recorded from its completion either
+        way, once: a hit's comes under the line's own request id."""
+        if not self.st.settings.cache:
+            return req
+        return req.model_copy(update={"cache": mode})
 
     async def _stop(self, rec: BatchRecord) -> None:
         """A cancelled or expired batch: lines never sent are written off at once; the
