@@ -6,7 +6,8 @@ arrive: a hit never waits for the window. A hit is answered here, under the requ
 id: its events are appended to its replay log and published (its producer may be
 following the channel already), its ``Completion`` (``cache: exact``) is sent to its reply
 topic, and then its done marker is written. A miss goes on to a worker, asking it to store
-the answer (unless ``no-store``).
+the answer (unless ``no-store``), unless an identical miss is being generated: then it
+follows that one (``coalesce.py``) and is answered from its entry, as an exact hit.
 
 A request that has a replay log or a done marker already is a redelivery (this batcher
 died before committing it): it goes to a worker as it is, whose claim settles it exactly

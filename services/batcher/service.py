@@ -373,8 +373,8 @@ class BatcherService:
         wait_s = self.settings.cache_coalesce_wait_s
         followed = set()
         for (p, a), holder in zip(misses, holders, strict=True):
-            if holder is None:
-                continue
+            if holder is None or holder == p.request.request_id:
+                continue  # it leads (a redelivery may find its own marker)
             deadline = now + wait_s
             if p.request.deadline is not None:
                 deadline = min(deadline, p.request.deadline)

@@ -3,7 +3,9 @@
 - **The advancer** walks the active batches. For each it takes a short lease in Redis
   (renewed while held; one holder at a time), and then validates the input file, submits
   lines to the requests topic at bulk priority (at most ``MAX_IN_FLIGHT`` outstanding,
-  as ``tokenwire bulk submit`` does, so one batch never fills the batchers' queues),
+  as ``tokenwire bulk submit`` does, so one batch never fills the batchers' queues; each
+  with its ``cache`` field, so the batcher answers a repeated greedy or seeded line from
+  the exact cache, with a completion like a worker's),
   broadcasts cancels, and writes the output and error files when every line has a
   result. An edge that dies drops its lease; another edge takes the batch over within
   ``LEASE_MS`` and resubmits from the recorded cursor (a line sent twice has the same
