@@ -162,6 +162,14 @@ class CommonSettings(EnvSettings):
     cache_shared: bool = Field(
         False, description="all tenants share one cache (off: each tenant has its own)"
     )
+    cache_coalesce_wait_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="an exact-cache miss identical to one being generated waits this long "
+        "for that answer (then served as an exact hit) before generating its own; 0: never "
+        "waits",
+    )
 
     @property
     def names(self) -> Names:

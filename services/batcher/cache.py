@@ -6,7 +6,8 @@ arrive: a hit never waits for the window. A hit is answered here, under the requ
 id: its events are appended to its replay log and published (its producer may be
 following the channel already), its ``Completion`` (``cache: exact``) is sent to its reply
 topic, and then its done marker is written. A miss goes on to a worker, asking it to store
-the answer (unless ``no-store``).
+the answer (unless ``no-store``), unless an identical miss is being generated: then it
+follows that one (``coalesce.py``) and is answered from its entry, as an exact hit.
 
 A request that has a replay log or a done marker already is a redelivery (this batcher
 died before committing it): it goes to a worker as it is, whose claim settles it exactly
@@ -27,7 +28,9 @@ import redis.asyncio as aioredis
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry, Counter
 
+from services.batcher.coalesce import Group, Handover, Seen
 from shared import token_stream
+from shared.cache.inflight import CLAIM, claim_args, marker_key, text
 from shared.cache.keys import exact_digest, model_identity, reproducible
 from shared.cache.store import (
     READ_ENTRY,
@@ -112,6 +115,54 @@ class KafkaCache:
             a.entry = entry if a.fresh and a.mode.looks_up else None
             if a.fresh and a.mode.looks_up:
                 self.lookups.labels("exact", "hit" if entry else "miss").inc()
+
+    @property
+    def coalescing(self) -> bool:
+        """Whether identical misses wait for the first one's answer."""
+        return self.settings.cache_coalesce_wait_s > 0
+
+    def marker(self, a: Asked) -> str:
+        """The in-flight marker of ``a``'s answer (edges use the same)."""
+        return marker_key(self.names, a.scope, a.generation, a.digest)
+
+    async def claim(self, client: aioredis.Redis, misses: list[Asked]) -> list[str | None]:
+        """Claim each miss's in-flight marker, in one round trip and in order (the first
+        of identical misses takes it): the holder each should follow, or None where it
+        holds the marker now (or, ``no-store``, no one holds it)."""
+        wait_s = self.settings.cache_coalesce_wait_s
+        pipe = client.pipeline(transaction=False)
+        for a in misses:
+            args = claim_args(a.request.request_id, wait_s, a.mode.stores)
+            pipe.eval(CLAIM, 1, self.marker(a), *args)
+        return [None if h is None else text(h) for h in await pipe.execute()]
+
+    async def take_over(
+        self, client: aioredis.Redis, handovers: list[Handover[Any]]
+    ) -> list[str | None]:
+        """Claim failed leaders' markers for their candidates: None where the candidate
+        took it, else the request that holds it now."""
+        wait_s = self.settings.cache_coalesce_wait_s
+        pipe = client.pipeline(transaction=False)
+        for h in handovers:
+            args = claim_args(h.candidate.request_id, wait_s, True, failed=h.failed)
+            pipe.eval(CLAIM, 1, h.marker, *args)
+        return [None if h is None else text(h) for h in await pipe.execute()]
+
+    async def watch(self, client: aioredis.Redis, groups: list[Group[Any]]) -> dict[str, Seen]:
+        """One look at each followed marker, in one round trip: its holder, whether its
+        leader has ended (read before the entry: a worker stores the answer before it
+        sets the done marker, so an ended leader's answer is never missed), the entry."""
+        pipe = client.pipeline(transaction=False)
+        for g in groups:
+            pipe.get(g.marker)
+            pipe.exists(self.names.done_marker(g.leader))
+            pipe.eval(READ_ENTRY, 1, *read_entry_args(self.names, g.scope, g.digest))
+        replies: list[Any] = await pipe.execute()
+        seen = {}
+        for i, g in enumerate(groups):
+            holder, done, (_, entry) = replies[3 * i : 3 * i + 3]
+            seen[g.marker] = Seen(None if holder is None else text(holder), bool(done), entry)
+        return seen
 
     def to_store(self, a: Asked) -> GenerateRequest:
         """The request a worker runs: asked to store its answer unless it may not be."""

@@ -34,6 +34,7 @@ from aiokafka.errors import (
 from aiokafka.structs import ConsumerRecord
 
 from services.batcher.cache import Asked, KafkaCache
+from services.batcher.coalesce import Follower, Following, Handover
 from services.batcher.config import BatcherSettings
 from services.batcher.fair_queue import FairQueue, Queued
 from services.batcher.grounding import Grounder
@@ -98,6 +99,9 @@ VIEW_MAX_AGE_S = 0.25
 IDLE_POLL_S = 0.2
 # A cache hit's completion not acknowledged within this is left to a worker to settle.
 HIT_SEND_TIMEOUT_S = 5.0
+# How often the markers that coalesced misses follow are looked at (one round trip for
+# all of them): a follower is answered at most this long after its leader's answer lands.
+FOLLOW_POLL_S = 0.02
 
 
 @dataclass(slots=True)
@@ -125,6 +129,7 @@ class Pending:
         return Rejected(letter)
 
 
+Waiting = tuple[Pending, Asked]  # a coalesced miss: the request and its cache lookup
 STATUS_TTL_S = 3.0  # a batcher's status (and its place among the live batchers) lasts this
 Routed = tuple[WorkerView | None, Queued[Pending]]  # a request and its worker, if known
 
@@ -166,6 +171,9 @@ class BatcherService:
         self.rejects = Rejects(self.producer, self.kafka, self.redis, self.names, self.metrics)
         self.grounder = Grounder(settings, tokenizer, self.metrics.retrieval)
         self.cache = KafkaCache(settings, settings.model_dir, self.metrics.registry)
+        # Misses identical to a request being generated, waiting for its answer.
+        self.following: Following[Waiting] = Following()
+        self._watched_at = 0.0
         self._request_room = request_room(settings.batcher_id)
         self.queue: FairQueue[Pending] = FairQueue(
             quantum=settings.fair_quantum_tokens, classes=len(Priority)
@@ -267,6 +275,7 @@ class BatcherService:
     async def _tick(self) -> None:
         now, consumed = self._ingest(await self._fetch())
         await self._admit(consumed, now)
+        await self._watch()
         self.rejects.add(self._expire(now))
         await self._flush_rejects()
         fresh = self._view_ok and now - self._workers_at < VIEW_MAX_AGE_S
@@ -291,6 +300,8 @@ class BatcherService:
         # the queue waits for them, not for the next arrival.
         can_send = self.redis.up and self.kafka.up
         poll_ms = 5 if len(self.queue) and can_send else int(IDLE_POLL_S * 1000)
+        if self.following.groups:
+            poll_ms = min(poll_ms, int(FOLLOW_POLL_S * 1000))
         try:
             return await self.consumer.getmany(timeout_ms=poll_ms, max_records=self._fetch_size())
         except KafkaError as exc:
@@ -328,13 +339,98 @@ class BatcherService:
         hits = [p for p in items if id(p) in asked and asked[id(p)].entry is not None]
         answered = await asyncio.gather(*(self._answer(asked[id(p)]) for p in hits))
         served = {id(p) for p, ok in zip(hits, answered, strict=True) if ok}
+        misses = [
+            (p, a)
+            for p in items
+            if (a := asked.get(id(p))) is not None and a.entry is None and a.fresh
+        ]
+        followed = await self._follow(misses, now)
         for p in items:
             if id(p) in served:
                 self._unacked[p.tp].discard(p.offset)
-                continue
-            if (a := asked.get(id(p))) is not None and (req := cache.to_store(a)) is not p.request:
-                p.request, p.size = req, len(encode(req))
-            self._enqueue(p, now)
+            elif id(p) not in followed:
+                self._queue_asked(p, asked.get(id(p)), now)
+
+    def _queue_asked(self, p: Pending, a: Asked | None, now: float) -> None:
+        """Queue a request, asking its worker to store the answer if it may be cached."""
+        if a is not None and (req := self.cache.to_store(a)) is not p.request:
+            p.request, p.size = req, len(encode(req))
+        self._enqueue(p, now)
+
+    # --- coalesced misses ---------------------------------------------------------------
+    async def _follow(self, misses: list[Waiting], now: float) -> set[int]:
+        """Misses identical to a request being generated follow it instead of queueing
+        (the first of several identical ones takes the marker and is queued). The ids of
+        the followers; none while Redis is away (all are queued)."""
+        cache = self.cache
+        misses = [(p, a) for p, a in misses if a.mode.looks_up]
+        if not misses or not cache.coalescing:
+            return set()
+        try:
+            holders = await self.redis.call(lambda c: cache.claim(c, [a for _, a in misses]))
+        except RedisAway:
+            return set()
+        wait_s = self.settings.cache_coalesce_wait_s
+        followed = set()
+        for (p, a), holder in zip(misses, holders, strict=True):
+            if holder is None or holder == p.request.request_id:
+                continue  # it leads (a redelivery may find its own marker)
+            deadline = now + wait_s
+            if p.request.deadline is not None:
+                deadline = min(deadline, p.request.deadline)
+            f = Follower((p, a), p.request.request_id, a.mode.stores, deadline)
+            self.following.follow(cache.marker(a), a.scope, a.digest, holder, f)
+            followed.add(id(p))
+        return followed
+
+    async def _watch(self) -> None:
+        """Look at the markers followers wait on (at most every ``FOLLOW_POLL_S``, in one
+        round trip) and act on what changed: answer followers from their leader's entry,
+        hand a failed leader's place to one of its followers, queue those whose wait is
+        over."""
+        now = time.time()
+        if not self.following.groups or now - self._watched_at < FOLLOW_POLL_S:
+            return
+        self._watched_at = now
+        groups = list(self.following.groups.values())
+        try:
+            seen = await self.redis.call(lambda c: self.cache.watch(c, groups))
+        except RedisAway:
+            seen = {}
+        out = self.following.settle(seen, now)
+        waiting = out.generate + await self._hand_over(out.handovers)
+        for (_, a), entry in out.answered:
+            a.entry = entry
+        hits = [w for w, _ in out.answered]
+        results = await asyncio.gather(*(self._answer(a) for _, a in hits))
+        lookups = self.cache.lookups
+        mine = self.consumer.assignment()
+        for (p, a), ok in zip(hits, results, strict=True):
+            if ok:
+                lookups.labels("exact", "coalesced").inc()
+                self._unacked[p.tp].discard(p.offset)
+            else:
+                waiting.append((p, a))  # to a worker, which settles it from its stream
+        for p, a in waiting:
+            if p.tp in mine:  # a moved partition's new owner reads it again
+                if a.entry is None:
+                    lookups.labels("exact", "uncoalesced").inc()
+                self._queue_asked(p, a, now)
+
+    async def _hand_over(self, handovers: list[Handover[Waiting]]) -> list[Waiting]:
+        """Claim failed leaders' markers for their candidates: those that took one are
+        returned, to be generated; the others follow whoever holds it (while Redis is
+        away, the failed leader still: the next look tries again)."""
+        if not handovers:
+            return []
+        try:
+            holders = await self.redis.call(lambda c: self.cache.take_over(c, handovers))
+        except RedisAway:
+            holders = [h.failed for h in handovers]
+        leading = [
+            self.following.handed(h, holder) for h, holder in zip(handovers, holders, strict=True)
+        ]
+        return [w for w in leading if w is not None]
 
     async def _answer(self, asked: Asked) -> bool:
         """Answer a cache hit; False leaves it to a worker (Redis or Kafka away)."""
@@ -693,6 +789,7 @@ class BatcherService:
         the rest of their queue (the new owner reads it again from the commit point)."""
         await self._commit()
         self.queue.remove_if(lambda q: q.item.tp in revoked)
+        self.following.remove_if(lambda w: w[0].tp in revoked)
         self.rejects.drop(revoked)
         for tp in revoked:
             self._unacked.pop(tp, None)
@@ -703,7 +800,7 @@ class BatcherService:
     def _apply_backpressure(self) -> None:
         """Pause consumption while the queue is over its limits, until it is down to half."""
         s = self.settings
-        held = len(self.queue) + len(self.rejects)
+        held = len(self.queue) + len(self.rejects) + len(self.following)
         over = held >= s.max_queued_requests or self.queue.tokens >= s.max_queued_tokens
         under = held <= s.max_queued_requests // 2 and self.queue.tokens <= s.max_queued_tokens // 2
         if self.backpressure.apply(full=over, room=under) and self.backpressure.paused:

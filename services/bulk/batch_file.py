@@ -16,7 +16,7 @@ import orjson
 from pydantic import ValidationError
 
 from services.edge.openai_api import ChatBody, CompletionBody
-from shared.messages import Completion, GenerateRequest, Priority
+from shared.messages import CacheMode, Completion, GenerateRequest, Priority
 
 ENDPOINTS: dict[str, type[CompletionBody] | type[ChatBody]] = {
     "/v1/completions": CompletionBody,
@@ -27,11 +27,13 @@ DEFAULT_MAX_TOKENS = 256
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A valid input line: its custom id, endpoint and the request to submit."""
+    """A valid input line: its custom id, endpoint and the request to submit, with the
+    line's ``cache`` field (the Batch API has the batcher look eligible lines up)."""
 
     custom_id: str
     url: str
     request: GenerateRequest
+    cache: CacheMode = CacheMode.DEFAULT
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +75,8 @@ def parse_line(
     except (ValidationError, ValueError) as exc:
         return BadLine(custom_id, "invalid_request", _first_error(exc))
     reply = req.reply.model_copy(update={"kafka_topic": reply_topic, "redis": False})
-    return Job(custom_id, url, req.model_copy(update={"priority": Priority.BULK, "reply": reply}))
+    req = req.model_copy(update={"priority": Priority.BULK, "reply": reply})
+    return Job(custom_id, url, req, CacheMode(body.cache))
 
 
 def _first_error(exc: Exception) -> str:

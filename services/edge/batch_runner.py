@@ -3,7 +3,9 @@
 - **The advancer** walks the active batches. For each it takes a short lease in Redis
   (renewed while held; one holder at a time), and then validates the input file, submits
   lines to the requests topic at bulk priority (at most ``MAX_IN_FLIGHT`` outstanding,
-  as ``tokenwire bulk submit`` does, so one batch never fills the batchers' queues),
+  as ``tokenwire bulk submit`` does, so one batch never fills the batchers' queues; each
+  with its ``cache`` field, so the batcher answers a repeated greedy or seeded line from
+  the exact cache, with a completion like a worker's),
   broadcasts cancels, and writes the output and error files when every line has a
   result. An edge that dies drops its lease; another edge takes the batch over within
   ``LEASE_MS`` and resubmits from the recorded cursor (a line sent twice has the same
@@ -45,7 +47,7 @@ from services.edge.cancel import send_cancels
 from services.edge.state import EdgeState
 from shared.codec import DecodeError, decode, encode
 from shared.kafka_io import make_consumer
-from shared.messages import CancelRequest, Completion
+from shared.messages import CacheMode, CancelRequest, Completion, GenerateRequest
 from shared.retry import REDIS_DOWN
 
 log = logging.getLogger(__name__)
@@ -187,7 +189,7 @@ class BatchRunner:
         )
         futures = []
         for job in jobs:
-            req = job.request.with_seed()
+            req = self._cached(job.request.with_seed(), job.cache)
             futures.append(
                 await self.st.producer.send(
                     self.st.names.requests, encode(req), key=req.request_id.encode()
@@ -195,6 +197,15 @@ class BatchRunner:
             )
         await asyncio.gather(*futures)
         await self.store.update(rec.id, submitted=rec.submitted + room)
+
+    def _cached(self, req: GenerateRequest, mode: CacheMode) -> GenerateRequest:
+        """A line asking the batcher for the exact cache (it looks greedy and client-seeded
+        lines up, answers a hit on the completions topic as a worker would, and has a
+        miss's answer stored). A line's result is recorded from its completion either
+        way, once: a hit's comes under the line's own request id."""
+        if not self.st.settings.cache:
+            return req
+        return req.model_copy(update={"cache": mode})
 
     async def _stop(self, rec: BatchRecord) -> None:
         """A cancelled or expired batch: lines never sent are written off at once; the

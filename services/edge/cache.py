@@ -48,6 +48,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from services.edge.config import EdgeSettings
 from services.edge.metrics import EdgeMetrics
 from shared import token_stream
+from shared.cache.inflight import CLAIM, RELEASE, claim_args, marker_key
+from shared.cache.inflight import text as _text
 from shared.cache.keys import (
     exact_digest,
     model_identity,
@@ -124,29 +126,6 @@ class Coalesce:
     leader: str | None = None
 
 
-# KEYS[1]: the in-flight marker; ARGV: this request's id, the marker's TTL in ms, whether
-# it may take the marker ('1': its answer will be stored), the id of a holder to replace
-# ('' for none: a leader that failed). Returns the holder's id, or false when this request
-# now holds the marker (or, not allowed to take it, no one does).
-CLAIM = """
-local holder = redis.call('GET', KEYS[1])
-if holder and holder == ARGV[4] then
-    redis.call('DEL', KEYS[1])
-    holder = false
-end
-if holder or ARGV[3] ~= '1' then
-    return holder
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return false
-"""
-# KEYS[1]: the in-flight marker; ARGV[1]: the id that must hold it for it to be deleted.
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
 # After the leader's final event, how long its answer may take to appear (its worker
 # stores it as it settles the request, just after publishing that event).
 STORE_GRACE_S = 2.0
@@ -230,7 +209,7 @@ class ResponseCache:
                 return Lookup(CacheResult.SEMANTIC, req, probe.entry)
         coalesce = None
         if mode.looks_up and self.settings.cache_coalesce_wait_s > 0:
-            marker = self.names.cache(scope, "f", str(gen), digest)
+            marker = marker_key(self.names, scope, gen, digest)
             coalesce = await self._claim(
                 Coalesce(scope, digest, marker, held=False), req.request_id, mode.stores
             )
@@ -249,9 +228,9 @@ class ResponseCache:
     ) -> Coalesce:
         """Take the in-flight marker of ``c`` (replacing ``failed``, a leader whose answer
         did not come), or learn who holds it."""
-        ttl_ms = max(1, int(self.settings.cache_coalesce_wait_s * 1000))
-        flag = "1" if may_lead else "0"
-        holder = await self.redis.eval(CLAIM, 1, c.marker, request_id, ttl_ms, flag, failed)
+        wait_s = self.settings.cache_coalesce_wait_s
+        args = claim_args(request_id, wait_s, may_lead, failed)
+        holder = await self.redis.eval(CLAIM, 1, c.marker, *args)
         if holder is None:
             return Coalesce(c.scope, c.digest, c.marker, held=may_lead)
         leader = _text(holder)
@@ -343,10 +322,6 @@ class ResponseCache:
         """Wait for the semantic entries being written (tests, shutdown)."""
         while self._remembering:
             await asyncio.gather(*self._remembering, return_exceptions=True)
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,14 +109,6 @@ class EdgeSettings(CommonSettings):
     semantic_max_entries: int = Field(
         10_000, ge=1, description="semantic entries kept per tenant (oldest dropped first)"
     )
-    cache_coalesce_wait_s: float = Field(
-        30.0,
-        ge=0,
-        le=3600,
-        description="an exact-cache miss identical to one being generated waits this long "
-        "for that answer (then served as an exact hit) before generating its own; 0: never "
-        "waits",
-    )
 
     @field_validator("api_keys")
     @classmethod

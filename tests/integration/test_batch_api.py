@@ -5,10 +5,12 @@ tenant scoping. The full 500-line run is ``tokenwire bench batch-api --lines 500
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -80,6 +82,83 @@ async def worker_cancelled(stack: Stack) -> float:
         if line.startswith("tw_requests_finished_total{") and 'reason="cancelled"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+async def metric(stack: Stack, service: str, name: str, **labels: str) -> float:
+    """The sum of a service's samples of ``name`` whose labels include ``labels``."""
+    port = stack.metrics_ports[service]
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and all(w in line for w in wanted)
+    )
+
+
+def without_ids(row: dict[str, Any]) -> dict[str, Any]:
+    """An output line without what differs between two answers: ids and timestamps."""
+    response = dict(row["response"])
+    body = {k: v for k, v in response.pop("body").items() if k not in ("id", "created")}
+    response.pop("request_id")
+    return {"custom_id": row["custom_id"], "error": row["error"], **response, "body": body}
+
+
+async def test_repeated_lines_are_answered_from_the_cache(stack: Stack) -> None:
+    """A batch whose lines repeat an earlier batch's: greedy and seeded lines are answered
+    by the batcher from the exact cache (no worker runs them) with output lines equal to
+    the misses' apart from ids and timestamps; a sampled line without a seed runs again.
+    Each line is counted once either way."""
+    a = client(stack, "a")
+    content, ids = input_file(6, endpoint="/v1/chat/completions", model=MODEL, max_tokens=8)
+    sampled = {"model": MODEL, "max_tokens": 8, "temperature": 0.9}
+    for cid, extra in (("seeded", {"seed": 11}), ("unseeded", {})):
+        body = {**sampled, **extra, "messages": [{"role": "user", "content": "Say a word."}]}
+        line = {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body}
+        content += orjson.dumps(line) + b"\n"
+    cacheable = [*ids, "seeded"]
+
+    async def run() -> dict[str, dict[str, Any]]:
+        batch = await start_batch(a, content, "/v1/chat/completions")
+        end = await wait_for(a, batch.id, lambda x: x.status in ENDED, within_s=120)
+        assert end.status == "completed" and end.error_file_id is None, end
+        assert end.request_counts is not None
+        assert (end.request_counts.total, end.request_counts.completed) == (8, 8)
+        rows = await lines_of(a, end.output_file_id)
+        assert sorted(r["custom_id"] for r in rows) == sorted([*cacheable, "unseeded"])
+        return {r["custom_id"]: r for r in rows}
+
+    first = await run()
+    redis = aioredis.Redis.from_url(stack.env["TW_REDIS_URL"])
+    try:  # a worker stores an answer just after sending its completion
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            keys = [k async for k in redis.scan_iter(match=stack.names.cache("acme", "x", "*"))]
+            if len(keys) >= len(cacheable):
+                break
+            await asyncio.sleep(0.05)
+        assert len(keys) == len(cacheable)  # the unseeded line's answer is not stored
+    finally:
+        await redis.aclose()
+    finished = await metric(stack, "worker", "tw_requests_finished_total")
+    hits = await metric(stack, "batcher", "tw_cache_lookups_total", result="hit")
+    second = await run()
+    assert await metric(stack, "batcher", "tw_cache_lookups_total", result="hit") == hits + 7
+    # Only the unseeded line reached the worker.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if await metric(stack, "worker", "tw_requests_finished_total") > finished:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    assert await metric(stack, "worker", "tw_requests_finished_total") == finished + 1
+    for cid in cacheable:
+        assert without_ids(second[cid]) == without_ids(first[cid]), cid
+        assert second[cid]["id"] != first[cid]["id"]
+        assert second[cid]["response"]["body"]["usage"]["completion_tokens"] > 0
+    assert second["unseeded"].keys() == first["unseeded"].keys()
+    assert without_ids(second["unseeded"]).keys() == without_ids(first["unseeded"]).keys()
 
 
 async def test_batch_survives_its_edges_going_down_and_is_read_through_another_edge(

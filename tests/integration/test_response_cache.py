@@ -422,3 +422,130 @@ def _cli(st: Stack, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
+
+
+async def batcher_metric(st: Stack, name: str, **labels: str) -> float:
+    """The sum of the batcher's samples of ``name`` whose labels include ``labels``."""
+    url = f"http://127.0.0.1:{st.metrics_ports['batcher']}/metrics"
+    async with httpx.AsyncClient(timeout=10) as http:
+        text = (await http.get(url)).text
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and all(w in line for w in wanted)
+    )
+
+
+def kafka_ask(st: Stack, tenant: str, prompt: str, max_tokens: int) -> GenerateRequest:
+    return GenerateRequest(
+        prompt=prompt,
+        tenant=tenant,
+        model=MODEL,  # as an edge's request names it: the same answer, the same marker
+        cache=CacheMode.DEFAULT,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+        reply=ReplyTarget(kafka_topic=st.names.completions),
+    )
+
+
+async def completions_of(st: Stack, wanted: set[str]) -> dict[str, list[Completion]]:
+    """Every completion of ``wanted`` on the completions topic (read once all are there,
+    then a moment more: a duplicate would follow its first)."""
+    boot = st.env["TW_KAFKA_BOOTSTRAP"]
+
+    def have(vs: list[bytes]) -> bool:
+        return wanted <= {decode(Completion, v).request_id for v in vs}
+
+    await read_topic(boot, st.names.completions, have, 60)
+    await asyncio.sleep(1.0)
+    raw = await read_topic(boot, st.names.completions, lambda _: False, 3)
+    out: dict[str, list[Completion]] = {rid: [] for rid in wanted}
+    for c in (decode(Completion, v) for v in raw):
+        if c.request_id in wanted:
+            out[c.request_id].append(c)
+    return out
+
+
+async def test_identical_kafka_misses_coalesce_in_the_batcher(stack: Stack) -> None:
+    """N identical greedy requests produced to Kafka at once: the worker generates the
+    answer once; the others wait for it off the batcher's window and are answered from
+    the cache, each with one completion and the same tokens."""
+    n = 6
+    reqs = [kafka_ask(stack, "kafka-co", "List the planets in order.", 24) for _ in range(n)]
+    wanted = {r.request_id for r in reqs}
+    finished = await worker_finished(stack)
+    coalesced = await batcher_metric(stack, "tw_cache_lookups_total", result="coalesced")
+    async with StreamRecorder(stack.env["TW_REDIS_URL"], stack.names) as rec:
+        await produce(
+            stack.env["TW_KAFKA_BOOTSTRAP"], stack.names.requests, [encode(r) for r in reqs]
+        )
+        await rec.wait_finished(wanted, 60, stack=stack)
+        streams = {
+            rid: [e.model_dump(exclude={"request_id"}) for e in rec.stream(rid)] for rid in wanted
+        }
+    done = await completions_of(stack, wanted)
+    assert all(len(cs) == 1 for cs in done.values()), {r: len(cs) for r, cs in done.items()}
+    results = sorted(cs[0].cache.value for cs in done.values())
+    assert results == ["exact"] * (n - 1) + ["miss"]
+    tokens = {tuple(cs[0].token_ids) for cs in done.values()}
+    assert len(tokens) == 1 and len(next(iter(tokens))) == 24
+    assert len({orjson.dumps(s) for s in streams.values()}) == 1  # the same events each
+    assert await finished_at_least(stack, finished + 1) == finished + 1
+    after = await batcher_metric(stack, "tw_cache_lookups_total", result="coalesced")
+    assert after == coalesced + n - 1
+
+
+async def test_kafka_followers_of_a_cancelled_edge_leader_take_its_place(stack: Stack) -> None:
+    """Identical misses on both paths share one marker: Kafka requests follow an edge's
+    streamed leader; when it is cancelled, one of them is generated in its place and the
+    others are answered from its entry."""
+    prompt = "Recite a poem about mountains."
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 1800,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    followers = [kafka_ask(stack, "acme", prompt, 1800) for _ in range(3)]
+    wanted = {r.request_id for r in followers}
+    finished = await worker_finished(stack)
+    counts = {
+        result: await batcher_metric(stack, "tw_cache_lookups_total", result=result)
+        for result in ("coalesced", "uncoalesced", "miss")
+    }
+    headers = {"Authorization": f"Bearer {ACME}"}
+    async with httpx.AsyncClient(timeout=60, headers=headers) as http:
+        url = stack.url() + "/v1/completions"
+        async with http.stream("POST", url, json=body) as leader:
+            assert leader.headers["x-tokenwire-cache"] == "miss"
+            rid = leader.headers["x-request-id"]
+            lines = leader.aiter_lines()
+            async for line in lines:  # the leader is generating
+                if line.startswith("data: {"):
+                    break
+            boot = stack.env["TW_KAFKA_BOOTSTRAP"]
+            await produce(boot, stack.names.requests, [encode(r) for r in followers])
+            # Their lookups are done: each missed and follows the leader.
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                misses = await batcher_metric(stack, "tw_cache_lookups_total", result="miss")
+                if misses >= counts["miss"] + 3:
+                    break
+                await asyncio.sleep(0.02)
+            assert misses == counts["miss"] + 3
+            assert await worker_finished(stack) == finished  # none of them generated yet
+            cancel = await http.post(stack.url() + f"/v1/requests/{rid}/cancel")
+            assert cancel.status_code == 200, cancel.text
+            rest = [line async for line in lines]
+        assert any("request_cancelled" in line for line in rest), rest[-3:]
+    done = await completions_of(stack, wanted)
+    assert all(len(cs) == 1 for cs in done.values()), {r: len(cs) for r, cs in done.items()}
+    assert sorted(cs[0].cache.value for cs in done.values()) == ["exact", "exact", "miss"]
+    assert len({tuple(cs[0].token_ids) for cs in done.values()}) == 1
+    assert all(cs[0].finish_reason.value == "length" for cs in done.values())
+    assert await finished_at_least(stack, finished + 2) == finished + 2
+    for result, more in (("coalesced", 2), ("uncoalesced", 1)):
+        now = await batcher_metric(stack, "tw_cache_lookups_total", result=result)
+        assert now == counts[result] + more, result
