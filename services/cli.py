@@ -452,8 +452,9 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
     be.add_argument(
         "--only",
         nargs="+",
-        choices=["throughput", "prefix", "features", "speculation", "overhead"],
-        help="run the throughput rows and these parts only (default: every part)",
+        choices=["throughput", "prefix", "features", "speculation", "overhead", "int8"],
+        help="run the throughput rows and these parts only (default: every part; int8: "
+        "TW_QUANTIZE=int8 against full precision, on the CPU)",
     )
     be.add_argument(
         "--device",

@@ -11,6 +11,7 @@ extractive prompts (the answer copies from the prompt) and for a batch of the ch
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import statistics
@@ -30,7 +31,7 @@ from services.worker.engine.sampler import SamplingConfig
 from services.worker.engine.speculation import SpecConfig
 
 # The parts of the benchmark after the throughput rows, each skippable.
-SECTIONS = ("prefix", "features", "speculation", "overhead")
+SECTIONS = ("prefix", "features", "speculation", "overhead", "int8")
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Report:
     features: dict[str, Any] = field(default_factory=dict)
     speculation: dict[str, Any] = field(default_factory=dict)
     overhead: dict[str, Any] = field(default_factory=dict)
+    int8: dict[str, Any] = field(default_factory=dict)
 
 
 def _prompts(
@@ -218,6 +220,9 @@ def run(
     if "overhead" in cfg.sections:
         rep.overhead = overhead(model, tok, cfg, ecfg)
         print(json.dumps(rep.overhead))
+    if "int8" in cfg.sections and model.device.type == "cpu":
+        rep.int8 = int8(model, tok, cfg, ecfg)
+        print(json.dumps(rep.int8))
     print_table(rep)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -445,6 +450,55 @@ def overhead(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict
     return out
 
 
+def int8(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str, Any]:
+    """``TW_QUANTIZE=int8`` against the full-precision model, in rounds that alternate
+    which runs first: the engine's tokens/s one request at a time and at the highest
+    concurrency, and how many greedy tokens of the one-at-a-time prompts equal full
+    precision's (all of them, and up to the first difference)."""
+    from services.worker.loader import quantize_int8
+
+    q = copy.deepcopy(model)
+    quantize_int8(q)
+    rng = random.Random(cfg.seed + 3)
+    vocab = model.config.vocab_size
+    serial = _prompts(max(2, cfg.serial_requests), cfg.prompt_len, vocab, rng)
+    n = max(cfg.concurrencies)
+    batch = _prompts(n, cfg.prompt_len, vocab, rng)
+    out: dict[str, Any] = {"rounds": OVERHEAD_ROUNDS}
+    for name, run in (
+        ("one_at_a_time", lambda m: engine_serial(m, tok, serial, cfg.new_tokens, ecfg)),
+        (f"concurrency_{n}", lambda m: engine_run(m, tok, batch, cfg.new_tokens, ecfg)[0]),
+    ):
+        full: list[float] = []
+        quant: list[float] = []
+        for r in range(OVERHEAD_ROUNDS):
+            for m, into in ((model, full), (q, quant))[:: 1 if r % 2 == 0 else -1]:
+                into.append(run(m))
+        ratios = [a / b for a, b in zip(quant, full, strict=True)]
+        out[name] = {
+            "int8_tok_s": quant,
+            "fp_tok_s": full,
+            "ratios": ratios,
+            "median_ratio": statistics.median(ratios),
+        }
+    equal = prefix = total = 0
+    for p in serial:
+        a, b = (_greedy(m, tok, p, cfg.new_tokens, ecfg) for m in (model, q))
+        same = [x == y for x, y in zip(a, b, strict=True)]
+        equal += sum(same)
+        prefix += same.index(False) if False in same else len(same)
+        total += len(same)
+    out["greedy_agreement"] = equal / total
+    out["greedy_common_prefix"] = prefix / total
+    return out
+
+
+def _greedy(model: Any, tok: Any, prompt: list[int], new: int, ecfg: EngineConfig) -> list[int]:
+    engine = Engine(model, tok, ecfg)
+    engine.add_request(EngineRequest("g", prompt, max_tokens=new, ignore_eos=True))
+    return [t for o in engine.run_until_idle() for t in o.token_ids]
+
+
 def _extractive_text(rng: random.Random, words: int) -> str:
     """An instruction to repeat a passage, the passage, and the start of its copy."""
     passage = " ".join(rng.choices(WORDS, k=words))
@@ -561,6 +615,19 @@ def print_table(rep: Report) -> None:
                 f"rounds: median {r['median_ratio']:.2f}x (rounds "
                 f"{', '.join(f'{x:.2f}x' for x in r['ratios'])})"
             )
+    q8 = rep.int8
+    for key, r in q8.items() if q8 else ():
+        if isinstance(r, dict):
+            print(
+                f"int8 weights vs full precision ({key.replace('_', ' ')}), {q8['rounds']} "
+                f"alternating rounds: median {r['median_ratio']:.2f}x tok/s (rounds "
+                f"{', '.join(f'{x:.2f}x' for x in r['ratios'])})"
+            )
+    if q8:
+        print(
+            f"int8 greedy tokens equal to full precision's: {100 * q8['greedy_agreement']:.0f}% "
+            f"({100 * q8['greedy_common_prefix']:.0f}% before the first difference)"
+        )
     ft = rep.features
     if ft:
         print(
