@@ -235,7 +235,8 @@ async def test_a_worker_joining_takes_partitions_without_restarting_what_stays(
     st.start("batcher")
     st.start("worker", "w1", TW_MAX_RUNNING="16", TW_LOG_LEVEL="DEBUG")
     await st.wait_ready()
-    reqs = greedy_requests(8, 600, seed=5, reply_topic=st.names.completions)
+    # Long enough to be running still when the second worker has loaded its model.
+    reqs = greedy_requests(8, 1500, seed=5, reply_topic=st.names.completions)
     boot = st.env["TW_KAFKA_BOOTSTRAP"]
     async with StreamRecorder(st.env["TW_REDIS_URL"], st.names) as rec:
         await produce(
@@ -254,16 +255,24 @@ async def test_a_worker_joining_takes_partitions_without_restarting_what_stays(
     starts = Counter(
         json.loads(line).get("request_id") for line in log.splitlines() if '"started ' in line
     )
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assigned = [
-        json.loads(line)["msg"] for line in log.splitlines() if "assigned partitions" in line
+        (x["t"], set(json.loads(x["msg"].removeprefix("assigned partitions "))))
+        for x in lines
+        if x["logger"] == "services.worker.service" and x["msg"].startswith("assigned partitions")
     ]
-    assert len(assigned) >= 2, assigned  # the join moved partitions
-    kept = set(json.loads(assigned[-1].removeprefix("assigned partitions ")))
-    assert 0 < len(kept) < 2
+    assert [len(parts) for _, parts in assigned] == [2, 1], assigned  # the join moved one
+    rebalanced_at, kept = assigned[-1]
     parts = await batch_partitions(boot, st.names.batches, {r.request_id for r in reqs})
     stayed = [r.request_id for r in reqs if parts[r.request_id] in kept]
     moved = [r.request_id for r in reqs if parts[r.request_id] not in kept]
     assert stayed and moved, parts  # both partitions held some
+    finished_at = {
+        x["request_id"]: x["t"]
+        for x in lines
+        if x["msg"].startswith("finished") and "request_id" in x
+    }
+    assert any(finished_at.get(rid, 0) > rebalanced_at for rid in stayed), "all done before"
     assert {rid: starts[rid] for rid in stayed} == dict.fromkeys(stayed, 1), starts
     worker_of = {c.request_id: c.worker_id for c in got}
     assert {worker_of[rid] for rid in stayed} == {f"{st.prefix}-w1"}
