@@ -249,9 +249,7 @@ async def _level(
     return level
 
 
-async def _start_stack(
-    env: dict[str, str], model_dir: str, model_name: str, log_dir: Path
-) -> Stack:
+async def start_stack(env: dict[str, str], model_dir: str, model_name: str, log_dir: Path) -> Stack:
     """A worker, a batcher and an edge on a fresh prefix, unlimited rates."""
     stack = make_stack(f"e2e-{uuid.uuid4().hex[:6]}", env, model_dir, log_dir)
     stack.env.update(
@@ -271,7 +269,7 @@ async def measure(
     env: dict[str, str], model_dir: str, model_name: str, cfg: E2EConfig, log_dir: Path
 ) -> dict[str, Any]:
     base = Baselines(model_dir)  # on this thread, which then runs the engine alone
-    stack = await _start_stack(env, model_dir, model_name, log_dir)
+    stack = await start_stack(env, model_dir, model_name, log_dir)
     report: dict[str, Any] = {"model": model_dir, "config": asdict(cfg)}
     try:
         await stack.wait_ready()

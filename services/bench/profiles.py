@@ -21,14 +21,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from services.bench.cluster import Stack, make_stack
+from services.bench.cluster import Stack
 from services.bench.drivers import closed_loop
-from services.bench.e2e_bench import SERVICES, service_cpu
+from services.bench.e2e_bench import SERVICES, service_cpu, start_stack
 from services.bench.servers import (
     Server,
     private_kafka_cluster,
@@ -82,20 +81,6 @@ def profile_env(kafka: Server, redis: Server, cluster: bool) -> dict[str, str]:
     return env
 
 
-async def _stack(env: dict[str, str], model_dir: str, model_name: str, log_dir: Path) -> Stack:
-    stack = make_stack(f"prof-{uuid.uuid4().hex[:6]}", env, model_dir, log_dir)
-    stack.env.update(
-        TW_MODEL_NAME=model_name,
-        TW_TORCH_THREADS="0",
-        TW_RATE_REQUESTS_PER_MIN="0",
-        TW_RATE_TOKENS_PER_MIN="0",
-    )
-    await stack.create_topics(partitions=4)
-    for kind in ("worker", "batcher", "edge"):
-        stack.start(kind)
-    return stack
-
-
 async def _run(stack: Stack, bodies: list[dict[str, Any]], c: int, model: str) -> dict[str, Any]:
     cpu0 = service_cpu(stack)
     samples, wall, tput = await closed_loop(stack, bodies, c, model)
@@ -125,7 +110,7 @@ async def measure(
                 started.append(srv)
         for name, (kafka, redis) in pairs.items():
             penv = {**env, **profile_env(kafka, redis, name == "cluster")}
-            stacks[name] = await _stack(penv, model_dir, model_name, folder)
+            stacks[name] = await start_stack(penv, model_dir, model_name, folder)
         for stack in stacks.values():
             await stack.wait_ready(within_s=300)
         ready_s = time.monotonic() - t0

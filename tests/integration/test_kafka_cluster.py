@@ -29,7 +29,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
@@ -160,7 +159,7 @@ async def produce_replies(
 async def check_logs(st: Stack, request_ids: list[str]) -> None:
     """Each request's replay log: seqs 0..n in order, no gap, no duplicate, one final
     event, and it is the last."""
-    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    redis = st.settings.redis.client()  # a Redis Cluster's too
     try:
         for rid in request_ids:
             events = await token_stream.read_log(redis, st.names, rid)

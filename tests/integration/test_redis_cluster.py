@@ -39,6 +39,7 @@ from tests.conftest import new_prefix
 from tests.integration.conftest import ARTIFACTS
 from tests.integration.harness import Stack, make_stack
 from tests.integration.test_handoff import FAST_FAILOVER
+from tests.integration.test_kafka_cluster import check_logs
 from tests.integration.test_kafka_outage import (
     PROMPTS,
     UNLIMITED,
@@ -74,20 +75,6 @@ async def topology(st: Stack) -> Topology:
     topo = Topology(st.settings.redis)
     await topo.refresh(5.0)
     return topo
-
-
-async def check_logs(st: Stack, request_ids: list[str]) -> None:
-    """Each request's replay log: seqs 0..n in order, no gap, no duplicate, one final
-    event, and it is the last."""
-    redis = st.settings.redis.client()
-    try:
-        for rid in request_ids:
-            events = await token_stream.read_log(redis, st.names, rid)
-            seqs = [e.seq for e in events]
-            assert seqs == list(range(len(seqs))) and seqs, f"{rid}: replay log seqs {seqs}"
-            assert [e.final for e in events].count(True) == 1 and events[-1].final, rid
-    finally:
-        await redis.aclose()
 
 
 async def resumed(http: httpx.AsyncClient, st: Stack, served: Served, edge: str) -> list[int]:
