@@ -1,8 +1,11 @@
-"""The stack on a Redis Cluster (infra/redis.sh's cluster profile: three masters with a
-replica each; the services with ``TW_REDIS_CLUSTER=true`` and one node's URL), and the
-master serving the most running requests killed with SIGKILL under load, then started again.
+"""The stack on the cluster profile: three Kafka nodes (every topic replicated 3 times,
+min.insync.replicas=2), a Redis Cluster (infra/redis.sh's cluster profile: three masters
+with a replica each; the services with ``TW_REDIS_CLUSTER=true`` and one node's URL), two
+workers, two batchers and two edges; and the Redis master serving the most running requests
+killed with SIGKILL under load, then started again. (The Hub and the worker's writer are
+also checked alone through a failover.)
 
-- Two edges stream answers; the requests' keys spread over the shards, each request's keys
+- Both edges stream answers; the requests' keys spread over the shards, each request's keys
   (channel, replay log, claim, owner, done marker) on one.
 - A stream is resumed through the other edge with Last-Event-ID.
 - Streaming clients submit short greedy requests through both edges in a loop from before the
@@ -27,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.bench.servers import Server, private_redis_cluster
+from services.bench.servers import Server, private_kafka_cluster, private_redis_cluster
 from services.edge.hub import RESYNC, Hub, Mailbox
 from shared import token_stream
 from shared.codec import decode
@@ -58,6 +61,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 CLIENTS = 4  # per edge
 EDGES = ("edge", "edge2")
+
+
+@pytest.fixture
+def kafka_cluster(tmp_path: Path) -> Iterator[Server]:
+    srv = private_kafka_cluster(tmp_path / "kafka-cluster-run", brokers=3)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture
@@ -178,24 +191,31 @@ async def test_the_hub_and_the_writer_follow_a_failover(redis_cluster: Server) -
         await writer.aclose()
 
 
-async def test_the_stack_on_a_redis_cluster_survives_a_master_killed_under_load(
-    infra: dict[str, str], model_dir: str, redis_cluster: Server
+async def test_the_cluster_profile_survives_a_redis_master_killed_under_load(
+    infra: dict[str, str], model_dir: str, kafka_cluster: Server, redis_cluster: Server
 ) -> None:
     t0 = time.monotonic()
     ARTIFACTS.mkdir(exist_ok=True)
-    env = {**infra, "TW_REDIS_URL": redis_cluster.url, "TW_REDIS_CLUSTER": "true"}
+    env = {
+        **infra,
+        **kafka_cluster.client_env,
+        "TW_REDIS_URL": redis_cluster.url,
+        "TW_REDIS_CLUSTER": "true",
+    }
     st = make_stack(new_prefix("rcluster"), env, model_dir, ARTIFACTS)
-    assert st.names.sharded
+    assert st.names.sharded and st.settings.kafka_replication_factor == 3
     await st.create_topics()
-    st.start("worker", **FAST_FAILOVER, TW_MAX_RUNNING="8")
-    st.start("batcher")
+    for name in ("worker", "worker2"):
+        st.start("worker", name, **FAST_FAILOVER, TW_MAX_RUNNING="8")
+    for name in ("batcher", "batcher2"):
+        st.start("batcher", name)
     for edge in EDGES:
         st.start("edge", edge, **UNLIMITED)
     load, stop = Load(), asyncio.Event()
     background: list[asyncio.Task[Any]] = []
     at: dict[str, float] = {}
     try:
-        await st.wait_ready(within_s=240)
+        await st.wait_ready(within_s=300, workers=2)
         at["ready"] = time.monotonic()
         async with httpx.AsyncClient(timeout=90, limits=httpx.Limits(max_connections=32)) as http:
             # Every edge streams; a stream resumes through the other edge.
@@ -261,6 +281,8 @@ async def test_the_stack_on_a_redis_cluster_survives_a_master_killed_under_load(
         + ", ".join(f"{k} at +{v - t0:.1f}s" for k, v in at.items())
     )
     check_clients(load, retried, expected)
+    for worker in ("worker", "worker2"):  # both workers served
+        assert '"msg":"finished' in (st.log_dir / f"{st.prefix}-{worker}.log").read_text()
     served_ids = [s.request_id for s in [*load.served, *retried] if isinstance(s, Served)]
     await check_logs(st, served_ids)
 
