@@ -1,8 +1,8 @@
 """The edge responder: OpenAI-compatible HTTP and a WebSocket in, token streams from Redis out.
 
 Stateless: any number of edges serve (and resume) any request. One process holds a Kafka
-producer, a Redis client and one shared pub/sub connection (``hub.py``) that carries every
-stream it relays.
+producer, a Redis client and shared pub/sub connections (``hub.py``: one per Redis node) that
+carry every stream it relays.
 
 Endpoints (``routes/``):
 
