@@ -74,6 +74,12 @@ class Names:
         return f"{self.prefix}.producer.{client_id}"
 
     # --- Redis --------------------------------------------------------------------------
+    @staticmethod
+    def tag_of(key: str | bytes) -> str:
+        """The hash tag of a key (the request id of a per-request key)."""
+        text = key.decode() if isinstance(key, bytes) else key
+        return text[text.index("{") + 1 : text.index("}")]
+
     def token_channel(self, request_id: str) -> str:
         """Pub/sub channel carrying a request's live token events."""
         return f"{self.prefix}:tok:{{{request_id}}}"

@@ -408,7 +408,7 @@ async def test_a_non_streamed_client_giving_up_cancels(edges: Edges) -> None:
         with pytest.raises(httpx.ReadTimeout):
             await http.post(edges.url("a") + "/v1/completions", json=body, headers=auth(ACME))
     (key,) = {k async for k in edges.redis.scan_iter(match=pattern, count=1000)} - before
-    rid = key.decode().rsplit(":", 1)[1]
+    rid = names.tag_of(key)
     events = [ev async for ev in token_stream.follow(edges.redis, names, rid, idle_timeout_s=30)]
     assert events[-1].finish_reason == "cancelled"
 

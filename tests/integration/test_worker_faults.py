@@ -390,11 +390,8 @@ async def test_a_redis_restart_under_load_stops_nothing_and_loses_nothing(
             assert ids == list(range(len(ids))) and len(ids) > 1
         redis = aioredis.Redis.from_url(own_redis.url)
         try:
-            rids = [m.decode() for m in await redis.keys(st.names.token_log("*"))]
-            logs = {
-                rid: await token_stream.read_log(redis, st.names, rid.split(":", 2)[2])
-                for rid in rids
-            }
+            rids = [st.names.tag_of(m) for m in await redis.keys(st.names.token_log("*"))]
+            logs = {rid: await token_stream.read_log(redis, st.names, rid) for rid in rids}
         finally:
             await redis.aclose()
     finally:

@@ -41,6 +41,7 @@ def test_every_key_of_a_request_shares_its_slot() -> None:
     ]
     assert len({key_slot(k.encode()) for k in keys}) == 1
     assert key_slot(n.token_log("r1").encode()) == key_slot(b"r1")
+    assert n.tag_of(n.owner("cmpl-1")) == n.tag_of(n.token_log("cmpl-1").encode()) == "cmpl-1"
     tenant = [n.cache("acme", "gen"), n.cache_exact("acme", 3, "ab" * 8), n.cache("acme", "s", "3")]
     assert len({key_slot(k.encode()) for k in tenant}) == 1
     buckets = [n.rate_bucket("k1", "requests"), n.rate_bucket("k1", "tokens")]
