@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from services.batcher.slots import Grant
@@ -51,7 +52,8 @@ return {granted, free - used - granted}
 
 class SlotReserver:
     """Reserves slots on several workers in one round trip (a pipeline of EVALSHA calls;
-    the script is loaded once, and again if Redis lost it)."""
+    the script is loaded once, and again if Redis lost it). A Redis Cluster's pipelines
+    take no EVALSHA: there each call sends the script (Redis caches it by its digest)."""
 
     def __init__(self, names: Names, batcher_id: str, margin_s: float, ledger_ttl_s: float) -> None:
         self.names = names
@@ -65,14 +67,18 @@ class SlotReserver:
         self, client: aioredis.Redis, wants: Sequence[tuple[WorkerHeartbeat, int]], now: float
     ) -> dict[str, Grant]:
         """Slots granted on each worker (by worker id) to this batcher's ``wants``."""
-        if self._sha is None:
+        cluster = isinstance(client, RedisCluster)
+        if self._sha is None and not cluster:
             self._sha = await client.script_load(LUA)
         pipe = client.pipeline(transaction=False)
         for hb, want in wants:
             token = f"{self.batcher_id}:{next(self._seq)}"
             key = self.names.slot_ledger(hb.worker_id)
             args = (repr(hb.at), hb.free_slots, repr(now), want, self.margin_s, self.ttl_ms, token)
-            pipe.evalsha(self._sha, 1, key, *args)
+            if self._sha is None:
+                pipe.eval(LUA, 1, key, *args)
+            else:
+                pipe.evalsha(self._sha, 1, key, *args)
         try:
             replies = await pipe.execute()
         except NoScriptError:  # Redis restarted: a reservation not run, nothing to undo
