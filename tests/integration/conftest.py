@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from services.bench.servers import Server, private_server
+from services.bench.servers import Server, private_kafka_cluster, private_server
 from tests.conftest import new_prefix
 from tests.integration.harness import Stack, make_stack
 
@@ -64,6 +64,17 @@ def own_redis(tmp_path: Path) -> Iterator[Server]:
 def own_kafka(tmp_path: Path) -> Iterator[Server]:
     """A Kafka broker of this test's own, which it may stop and start."""
     srv = private_server("kafka", tmp_path / "kafka-run")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def kafka_cluster(tmp_path: Path) -> Iterator[Server]:
+    """Three Kafka nodes of this test's own, which it may kill and start one by one."""
+    srv = private_kafka_cluster(tmp_path / "kafka-cluster-run", brokers=3)
     srv.start()
     try:
         yield srv

@@ -23,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,7 +30,7 @@ import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from services.bench.servers import Server, private_kafka_cluster
+from services.bench.servers import Server
 from shared import token_stream
 from shared.kafka_io import make_admin
 from shared.messages import GenerateRequest
@@ -68,17 +66,6 @@ REPLIES = 50  # Kafka-reply requests, one every REPLY_EVERY_S: past the node's r
 REPLY_EVERY_S = 0.5
 REPLY_TOKENS = 16
 AWAY_S = 12.0  # the killed node stays down this long: past its 6 s broker session
-
-
-@pytest.fixture
-def kafka_cluster(tmp_path: Path) -> Iterator[Server]:
-    """Three Kafka nodes of this test's own, which it may kill and start one by one."""
-    srv = private_kafka_cluster(tmp_path / "kafka-cluster-run", brokers=3)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 async def describe(st: Stack, topics: list[str], within_s: float = 30) -> dict[str, Any]:

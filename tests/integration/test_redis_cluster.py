@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.bench.servers import Server, private_kafka_cluster, private_redis_cluster
+from services.bench.servers import Server, private_redis_cluster
 from services.edge.hub import RESYNC, Hub, Mailbox
 from shared import token_stream
 from shared.codec import decode
@@ -61,16 +61,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 CLIENTS = 4  # per edge
 EDGES = ("edge", "edge2")
-
-
-@pytest.fixture
-def kafka_cluster(tmp_path: Path) -> Iterator[Server]:
-    srv = private_kafka_cluster(tmp_path / "kafka-cluster-run", brokers=3)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture
