@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -435,11 +436,7 @@ def overhead(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict
     }
     out: dict[str, Any] = {"rounds": OVERHEAD_ROUNDS}
     for name, (ours, theirs) in pairs.items():
-        engine: list[float] = []
-        hf: list[float] = []
-        for r in range(OVERHEAD_ROUNDS):
-            for fn, into in ((ours, engine), (theirs, hf))[:: 1 if r % 2 == 0 else -1]:
-                into.append(fn())
+        engine, hf = _alternating(ours, theirs)
         ratios = [a / b for a, b in zip(engine, hf, strict=True)]
         out[name] = {
             "engine_tok_s": engine,
@@ -448,6 +445,18 @@ def overhead(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict
             "median_ratio": statistics.median(ratios),
         }
     return out
+
+
+def _alternating(
+    ours: Callable[[], float], theirs: Callable[[], float]
+) -> tuple[list[float], list[float]]:
+    """``OVERHEAD_ROUNDS`` rounds of both, alternating which runs first."""
+    a: list[float] = []
+    b: list[float] = []
+    for r in range(OVERHEAD_ROUNDS):
+        for fn, into in ((ours, a), (theirs, b))[:: 1 if r % 2 == 0 else -1]:
+            into.append(fn())
+    return a, b
 
 
 def int8(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str, Any]:
@@ -469,11 +478,7 @@ def int8(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str
         ("one_at_a_time", lambda m: engine_serial(m, tok, serial, cfg.new_tokens, ecfg)),
         (f"concurrency_{n}", lambda m: engine_run(m, tok, batch, cfg.new_tokens, ecfg)[0]),
     ):
-        full: list[float] = []
-        quant: list[float] = []
-        for r in range(OVERHEAD_ROUNDS):
-            for m, into in ((model, full), (q, quant))[:: 1 if r % 2 == 0 else -1]:
-                into.append(run(m))
+        quant, full = _alternating(partial(run, q), partial(run, model))
         ratios = [a / b for a, b in zip(quant, full, strict=True)]
         out[name] = {
             "int8_tok_s": quant,
@@ -564,6 +569,17 @@ def _constrained(
     }
 
 
+def _print_rounds(what: str, part: dict[str, Any]) -> None:
+    """A part timed in alternating rounds: each of its figures' median ratio and rounds."""
+    for key, r in part.items():
+        if isinstance(r, dict):
+            print(
+                f"{what} ({key.replace('_', ' ')}), {part['rounds']} alternating rounds: "
+                f"median {r['median_ratio']:.2f}x (rounds "
+                f"{', '.join(f'{x:.2f}x' for x in r['ratios'])})"
+            )
+
+
 def print_table(rep: Report) -> None:
     def f(v: float | None) -> str:
         return "n/a" if v is None else f"{v:,.0f}"
@@ -607,22 +623,9 @@ def print_table(rep: Report) -> None:
                 f"acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "
                 f"{r['mean_accepted']:.2f} tokens over {r['verifications']} drafts"
             )
-    oh = rep.overhead
-    for key, r in oh.items() if oh else ():
-        if isinstance(r, dict):
-            print(
-                f"engine vs generate ({key.replace('_', ' ')}), {oh['rounds']} alternating "
-                f"rounds: median {r['median_ratio']:.2f}x (rounds "
-                f"{', '.join(f'{x:.2f}x' for x in r['ratios'])})"
-            )
+    _print_rounds("engine vs generate", rep.overhead)
+    _print_rounds("int8 weights vs full precision", rep.int8)
     q8 = rep.int8
-    for key, r in q8.items() if q8 else ():
-        if isinstance(r, dict):
-            print(
-                f"int8 weights vs full precision ({key.replace('_', ' ')}), {q8['rounds']} "
-                f"alternating rounds: median {r['median_ratio']:.2f}x tok/s (rounds "
-                f"{', '.join(f'{x:.2f}x' for x in r['ratios'])})"
-            )
     if q8:
         print(
             f"int8 greedy tokens equal to full precision's: {100 * q8['greedy_agreement']:.0f}% "
