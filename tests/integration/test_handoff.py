@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import signal
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -233,9 +235,17 @@ async def test_a_worker_joining_takes_partitions_without_restarting_what_stays(
     partition it keeps run on, never started again; every request is answered once."""
     st = bare
     st.start("batcher")
-    st.start("worker", "w1", TW_MAX_RUNNING="16", TW_LOG_LEVEL="DEBUG")
+    # The first worker is paused while the second loads its model (a variable time): its
+    # Kafka session and its claims must outlast the pause.
+    st.start(
+        "worker",
+        "w1",
+        TW_MAX_RUNNING="16",
+        TW_LOG_LEVEL="DEBUG",
+        TW_SESSION_TIMEOUT_MS="120000",
+        TW_CLAIM_TTL_S="300",
+    )
     await st.wait_ready()
-    # Long enough to be running still when the second worker has loaded its model.
     reqs = greedy_requests(8, 1500, seed=5, reply_topic=st.names.completions)
     boot = st.env["TW_KAFKA_BOOTSTRAP"]
     async with StreamRecorder(st.env["TW_REDIS_URL"], st.names) as rec:
@@ -246,7 +256,15 @@ async def test_a_worker_joining_takes_partitions_without_restarting_what_stays(
             [r.request_id.encode() for r in reqs],
         )
         await wait_for_progress(rec, len(reqs))
-        st.start("worker", "w2", TW_MAX_RUNNING="16")
+        # Frozen mid-generation until the second worker has joined the group, so the
+        # rebalance comes while every request still runs, however fast this machine is.
+        w1 = st.procs["w1"].pid
+        signal_tree(w1, signal.SIGSTOP)
+        try:
+            st.start("worker", "w2", TW_MAX_RUNNING="16")
+            await wait_heartbeat(st, f"{st.prefix}-w2")
+        finally:
+            signal_tree(w1, signal.SIGCONT)
         got = await completions(st, {r.request_id for r in reqs}, within_s=240)
         for r in reqs:
             rec.stream(r.request_id)  # contiguous, one final event
@@ -276,6 +294,27 @@ async def test_a_worker_joining_takes_partitions_without_restarting_what_stays(
     assert {rid: starts[rid] for rid in stayed} == dict.fromkeys(stayed, 1), starts
     worker_of = {c.request_id: c.worker_id for c in got}
     assert {worker_of[rid] for rid in stayed} == {f"{st.prefix}-w1"}
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid`` and its children (a worker and its engine process)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    for p in [pid, *map(int, children)]:
+        os.kill(p, sig)
+
+
+async def wait_heartbeat(st: Stack, worker_id: str, within_s: float = 180) -> None:
+    """Until ``worker_id`` has a heartbeat: its model is loaded and its consumer joins."""
+    client = st.settings.redis.client()
+    try:
+        for _ in range(int(within_s * 5)):
+            st.check_alive()
+            if await client.zscore(st.names.workers_index, worker_id) is not None:
+                return
+            await asyncio.sleep(0.2)
+    finally:
+        await client.aclose()
+    raise TimeoutError(f"no heartbeat from {worker_id}:\n{st.logs()}")
 
 
 async def batch_partitions(bootstrap: str, topic: str, want: set[str]) -> dict[str, int]:
