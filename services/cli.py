@@ -54,12 +54,18 @@ def resolve_model_dir(explicit: str, preset: str = "tiny") -> str:
     return str(ensure_model(preset, default_cache_dir(), log=lambda m: print(m, file=sys.stderr)))
 
 
+def _draft_model_dir(name: str) -> str:
+    """``TW_SPEC_DRAFT_MODEL``: a preset's name (built if missing) or a model folder."""
+    from services.model.presets import PRESETS
+
+    return resolve_model_dir("", name) if name in PRESETS else name
+
+
 def cmd_worker(_: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
     from services.worker.config import WorkerSettings
     from services.worker.engine.engine import EngineConfig
-    from services.worker.engine.speculation import SpecConfig
     from services.worker.runtime import EngineProcess, EngineSpec
     from services.worker.service import WorkerService
 
@@ -82,12 +88,9 @@ def cmd_worker(_: argparse.Namespace) -> None:
             max_step_tokens=settings.max_step_tokens,
             prefill_chunk=settings.prefill_chunk,
             enable_prefix_cache=settings.prefix_cache,
-            speculation=SpecConfig(
-                k=settings.spec_ngram_k,
-                max_n=settings.spec_ngram_max_n,
-                max_running=settings.spec_max_running,
-            ),
+            speculation=settings.speculation,
         ),
+        draft_model_dir=_draft_model_dir(settings.spec_draft_model),
         log_level=settings.log_level,
     )
     runner = EngineProcess(spec)

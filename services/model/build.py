@@ -46,9 +46,12 @@ def default_cache_dir() -> Path:
     return Path(root) / "models"
 
 
-def is_ready(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished build (its info file is written last)."""
-    return (folder / INFO_FILE).is_file()
+def is_ready(folder: Path, spec: ModelPreset | None = None) -> bool:
+    """Whether ``folder`` holds a finished build (its info file is written last), of
+    ``spec``'s recipe when given: a preset whose step count changed is built again."""
+    if not (folder / INFO_FILE).is_file():
+        return False
+    return spec is None or read_build_info(folder).get("train_steps") == spec.train_steps
 
 
 def read_build_info(folder: Path) -> dict[str, Any]:
@@ -76,13 +79,13 @@ def ensure_model(
     cache_dir = Path(cache_dir)
     name = model_dir_name(spec.name)
     final = cache_dir / name
-    if not force and is_ready(final):
+    if not force and is_ready(final, spec):
         log(f"[model] {spec.name}: using {final}")
         refresh_chat_template(final)
         return final
     cache_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(cache_dir / f".{name}.lock"):
-        if not force and is_ready(final):  # another process finished it while we waited
+        if not force and is_ready(final, spec):  # another process finished it while we waited
             log(f"[model] {spec.name}: using {final} (built by another process)")
             return final
         _remove_leftovers(cache_dir, name)

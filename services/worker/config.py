@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from services.worker.engine.speculation import SpecConfig
 from shared.settings import FleetSettings
 
 
@@ -67,10 +68,22 @@ class WorkerSettings(FleetSettings):
     spec_ngram_max_n: int = Field(
         4, ge=1, le=16, description="n-gram speculation: the longest suffix matched (down to 1)"
     )
+    spec_draft_model: str = Field(
+        "",
+        description="draft-model speculation: a local model folder with the served model's "
+        "tokenizer, or a preset name (built if missing), that guesses the next tokens",
+    )
+    spec_draft_k: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="draft-model speculation: tokens the draft model guesses per step for "
+        "each decoding request, verified in the same pass (0: off)",
+    )
     spec_max_running: int = Field(
         8,
         ge=0,
-        description="n-gram speculation stops while more sequences than this are running",
+        description="speculation (either kind) stops while more sequences than this are running",
     )
     max_waiting: int = Field(256, ge=1, description="pause Kafka consumption above this")
     heartbeat_interval_s: float = Field(
@@ -84,3 +97,26 @@ class WorkerSettings(FleetSettings):
     drain_timeout_s: float = Field(
         20.0, ge=0, description="on SIGTERM, finish running work this long"
     )
+
+    @model_validator(mode="after")
+    def _one_speculation(self) -> Self:
+        if self.spec_ngram_k and self.spec_draft_k:
+            raise ValueError(
+                "TW_SPEC_NGRAM_K and TW_SPEC_DRAFT_K are both set: a worker speculates one way"
+            )
+        if self.spec_draft_k and not self.spec_draft_model:
+            raise ValueError("TW_SPEC_DRAFT_K needs TW_SPEC_DRAFT_MODEL (the guessing model)")
+        if self.spec_draft_model and not self.spec_draft_k:
+            raise ValueError("TW_SPEC_DRAFT_MODEL needs TW_SPEC_DRAFT_K (guesses per step)")
+        return self
+
+    @property
+    def speculation(self) -> SpecConfig:
+        """The engine's speculation: n-gram, the draft model's, or none."""
+        if self.spec_draft_k:
+            return SpecConfig(
+                k=self.spec_draft_k, max_running=self.spec_max_running, method="draft"
+            )
+        return SpecConfig(
+            k=self.spec_ngram_k, max_n=self.spec_ngram_max_n, max_running=self.spec_max_running
+        )

@@ -85,7 +85,7 @@ class WorkerMetrics:
             "tw_spec_verifications", "decode steps of a request that verified a draft", registry=r
         )
         self.spec_draft_tokens = Counter(
-            "tw_spec_draft_tokens", "draft tokens proposed by n-gram speculation", registry=r
+            "tw_spec_draft_tokens", "draft tokens proposed (n-gram or draft model)", registry=r
         )
         self.spec_accepted_tokens = Counter(
             "tw_spec_accepted_tokens",

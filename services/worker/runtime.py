@@ -61,6 +61,7 @@ class EngineSpec:
     torch_threads: int = 0  # 0: torch's default
     nice: int = 0  # added to the niceness of the process and of every thread it starts
     config: EngineConfig = field(default_factory=EngineConfig)
+    draft_model_dir: str = ""  # draft speculation's guessing model
     log_level: str = "INFO"
 
 
@@ -314,7 +315,15 @@ def _build(spec: EngineSpec) -> Any:
     if spec.torch_threads:
         torch.set_num_threads(spec.torch_threads)
     model, tokenizer = load_model(spec.model_dir, spec.device, spec.dtype, spec.quantize)
-    return Engine(model, tokenizer, spec.config)
+    draft = None
+    if spec.draft_model_dir:
+        draft, draft_tokenizer = load_model(spec.draft_model_dir, spec.device, spec.dtype)
+        if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise ValueError(
+                f"the draft model {spec.draft_model_dir} has another tokenizer than "
+                f"{spec.model_dir}: a draft model must share the served model's tokenizer"
+            )
+    return Engine(model, tokenizer, spec.config, draft_model=draft)
 
 
 def _serve(conn: Connection, engine: Any) -> None:

@@ -3,8 +3,10 @@ and Kafka producers → … → the completions topic. Real Kafka, Redis and ser
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
+from pathlib import Path
 
 import httpx
 import orjson
@@ -14,6 +16,7 @@ import torch
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from services.bench.prometheus import scrape
 from shared import token_stream
 from shared.codec import decode, encode
 from shared.messages import Completion, DeadLetter, GenerateRequest, ReplyTarget, SamplingParams
@@ -179,3 +182,37 @@ async def test_bad_messages_go_to_dlq_and_serving_continues(stack: Stack) -> Non
     finally:
         await client.aclose()
     assert len(events) == 1 and events[0].error is not None and events[0].error.code == "invalid"
+
+
+async def test_draft_model_speculation_serves_the_tokens_of_plain_decoding(
+    bare: Stack, model_dir: str, tmp_path: Path
+) -> None:
+    """A worker whose draft model (a folder: the tiny model's first three layers, loaded
+    through ``from_pretrained``) guesses three tokens a step: its completions equal Hugging
+    Face ``generate``'s, and its metrics count guesses kept and rejected."""
+    draft_dir = tmp_path / "draft"
+    draft = AutoModelForCausalLM.from_pretrained(model_dir)
+    draft.model.layers = draft.model.layers[:3]
+    draft.config.num_hidden_layers = 3
+    if getattr(draft.config, "layer_types", None):
+        draft.config.layer_types = draft.config.layer_types[:3]
+    draft.save_pretrained(draft_dir)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(draft_dir)
+    bare.start("worker", TW_SPEC_DRAFT_MODEL=str(draft_dir), TW_SPEC_DRAFT_K="3")
+    bare.start("batcher")
+    await bare.wait_ready()
+    prompts = ["The function returns", "Return a new list of", "If the argument is"]
+    reqs = [_greedy_request(p, 24, bare.names.completions) for p in prompts]
+    await _produce(bare, *(encode(r) for r in reqs))
+    got = await _completions(bare, {r.request_id for r in reqs}, within_s=120)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    for r in reqs:
+        ids = tok(r.prompt, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            ref = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=[])
+        assert got[r.request_id].token_ids == ref[0, ids.shape[1] :].tolist(), r.prompt
+    await asyncio.sleep(1.5)  # a heartbeat refreshes the engine's counters
+    metrics = await scrape(f"http://127.0.0.1:{bare.metrics_ports['worker']}/metrics")
+    drafted = metrics["tw_spec_draft_tokens_total"]
+    assert 0 < metrics["tw_spec_accepted_tokens_total"] < drafted

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from services.model.build import (
     BUILD_VERSION,
     INFO_FILE,
     ensure_model,
+    is_ready,
     model_dir_name,
     read_build_info,
 )
@@ -81,7 +83,19 @@ def test_parameter_count(built: Built, model: Any) -> None:
 def test_preset_sizes() -> None:
     assert 1_500_000 <= PRESETS["tiny"].parameter_count <= 2_500_000
     assert 25_000_000 <= PRESETS["small"].parameter_count <= 35_000_000
-    assert PRESETS["tiny"].trained and PRESETS["micro"].trained and not PRESETS["small"].trained
+    assert all(PRESETS[name].trained for name in ("micro", "tiny", "small"))
+    # small is tiny's draft target: the same corpus, hence the same tokenizer.
+    tiny, small = PRESETS["tiny"], PRESETS["small"]
+    assert (tiny.vocab_size, tiny.corpus_bytes) == (small.vocab_size, small.corpus_bytes)
+
+
+def test_a_build_of_another_step_count_is_built_again(built: Built, tmp_path: Path) -> None:
+    """A cached build whose preset has since changed its training length is not reused."""
+    assert is_ready(built.folder, PRESETS["micro"])
+    changed = dataclasses.replace(PRESETS["micro"], train_steps=PRESETS["micro"].train_steps + 1)
+    assert not is_ready(built.folder, changed)
+    assert is_ready(built.folder)  # finished, whichever recipe
+    assert not is_ready(tmp_path)
 
 
 def test_tokenizer_round_trips_multibyte_text(tokenizer: Any) -> None:

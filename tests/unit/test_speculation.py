@@ -1,11 +1,14 @@
-"""N-gram speculation: the proposer on plain lists, the KV rollback on the pure cache
-manager and scheduler, and the engine on the embedded tiny model: outputs token-identical
-with and without drafts (greedy and seeded sampling, mixed batches, preemption), the
-prefix cache left consistent, the sampled distribution preserved, and drafts off under load.
+"""Speculation, n-gram and draft model: the proposer on plain lists, the KV rollback on the
+pure cache manager and scheduler, and the engine on the embedded tiny model, each engine
+test with both methods (the draft: the tiny model's first three layers and its head, which
+agree with it on some tokens and not others): outputs token-identical with and without
+drafts (greedy and seeded sampling, mixed batches, preemption), the prefix cache left
+consistent, the sampled distribution preserved, and drafts off under load.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from typing import Any
@@ -13,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from services.worker.engine.draft import DraftModel, DraftUnsupported, DraftWant
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest, StepOutput
 from services.worker.engine.kv_cache import KVCacheManager
 from services.worker.engine.request import SeqState, Status
@@ -108,6 +112,27 @@ def test_a_draft_never_preempts_and_is_cut_to_the_budget() -> None:
 
 
 # --- the engine on the tiny model --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def draft_lm(lm: tuple[Any, Any]) -> Any:
+    """A draft for the tiny model: its embedding, first three layers, norm and head."""
+    draft = copy.deepcopy(lm[0])
+    draft.model.layers = draft.model.layers[:3]
+    draft.config.num_hidden_layers = 3
+    return draft
+
+
+@pytest.fixture(params=["ngram", "draft"])
+def method(request: pytest.FixtureRequest, draft_lm: Any) -> str:
+    return str(request.param)
+
+
+def engine_for(lm: tuple[Any, Any], draft: Any, config: EngineConfig) -> Engine:
+    """An engine of the tiny model; the draft model goes with draft speculation."""
+    model, tok = lm
+    use = draft if config.speculation.enabled and config.speculation.method == "draft" else None
+    return Engine(model, tok, config, draft_model=use)
+
+
 def collect(outputs: list[StepOutput]) -> tuple[dict[str, list[int]], dict[str, StepOutput]]:
     tokens: dict[str, list[int]] = {}
     finals: dict[str, StepOutput] = {}
@@ -137,17 +162,24 @@ def extractive(rng: random.Random, vocab: int) -> list[int]:
 
 
 def run(
-    lm: tuple[Any, Any], requests: list[EngineRequest], spec: SpecConfig, **config: Any
+    lm: tuple[Any, Any],
+    requests: list[EngineRequest],
+    spec: SpecConfig,
+    draft: Any = None,
+    **config: Any,
 ) -> tuple[Engine, dict[str, list[int]], dict[str, StepOutput]]:
-    engine, outputs = run_outputs(lm, requests, spec, **config)
+    engine, outputs = run_outputs(lm, requests, spec, draft, **config)
     return engine, *collect(outputs)
 
 
 def run_outputs(
-    lm: tuple[Any, Any], requests: list[EngineRequest], spec: SpecConfig, **config: Any
+    lm: tuple[Any, Any],
+    requests: list[EngineRequest],
+    spec: SpecConfig,
+    draft: Any = None,
+    **config: Any,
 ) -> tuple[Engine, list[StepOutput]]:
-    model, tok = lm
-    engine = Engine(model, tok, EngineConfig(speculation=spec, **config))
+    engine = engine_for(lm, draft, EngineConfig(speculation=spec, **config))
     outputs: list[StepOutput] = []
     for r in requests:  # a new request joins at every step
         engine.add_request(r)
@@ -195,13 +227,16 @@ def mixed_requests(vocab: int, count: int, seed: int) -> list[EngineRequest]:
     return reqs
 
 
-def test_outputs_are_identical_with_and_without_speculation(lm: tuple[Any, Any]) -> None:
+def test_outputs_are_identical_with_and_without_speculation(
+    lm: tuple[Any, Any], draft_lm: Any, method: str
+) -> None:
     vocab = lm[0].config.vocab_size
     reqs = mixed_requests(vocab, 24, seed=11)
     cfg = {"kv_budget_tokens": 8192, "prefill_chunk": 32, "max_step_tokens": 256}
     _, plain_out = run_outputs(lm, reqs, SpecConfig(), **cfg)
     # A cap below the peak batch: some steps speculate, others decode plainly.
-    engine, spec_out = run_outputs(lm, reqs, SpecConfig(k=4, max_n=3, max_running=10), **cfg)
+    spec = SpecConfig(k=4, max_n=3, max_running=10, method=method)
+    engine, spec_out = run_outputs(lm, reqs, spec, draft_lm, **cfg)
     (plain, plain_finals), (spec, spec_finals) = collect(plain_out), collect(spec_out)
     st = engine.stats
     assert st.spec_verifications > 0 and st.spec_accepted_tokens > 0
@@ -217,9 +252,13 @@ def test_outputs_are_identical_with_and_without_speculation(lm: tuple[Any, Any])
         assert len(values) == len(lp_plain[rid]) == len(plain[rid])
         assert values == pytest.approx(lp_plain[rid], abs=1e-4), rid
     assert engine.stats.kv_used_blocks == 0
+    if engine.drafter is not None:  # every request's draft state went with it
+        assert engine.drafter.used_blocks == 0
 
 
-def test_preemption_in_the_middle_of_speculation_changes_nothing(lm: tuple[Any, Any]) -> None:
+def test_preemption_in_the_middle_of_speculation_changes_nothing(
+    lm: tuple[Any, Any], draft_lm: Any, method: str
+) -> None:
     vocab = lm[0].config.vocab_size
     rng = random.Random(4)
     reqs = [
@@ -228,13 +267,15 @@ def test_preemption_in_the_middle_of_speculation_changes_nothing(lm: tuple[Any, 
     ]
     cfg = {"kv_budget_tokens": 320, "block_size": 16, "max_running": 16}
     _, plain, _ = run(lm, reqs, SpecConfig(), **cfg)
-    engine, spec, _ = run(lm, reqs, SpecConfig(k=6, max_running=16), **cfg)
+    engine, spec, _ = run(lm, reqs, SpecConfig(k=6, max_running=16, method=method), draft_lm, **cfg)
     assert engine.stats.preemptions > 0 and engine.stats.spec_accepted_tokens > 0
     assert engine.stats.kv_peak_used_blocks * 16 <= 320
     assert spec == plain
 
 
-def test_prefix_cache_holds_only_real_tokens_after_rollbacks(lm: tuple[Any, Any]) -> None:
+def test_prefix_cache_holds_only_real_tokens_after_rollbacks(
+    lm: tuple[Any, Any], draft_lm: Any, method: str
+) -> None:
     """Every block the prefix cache registered holds tokens some request really had at that
     place (its hash chained over them), and nothing stays referenced once all finish."""
     vocab = lm[0].config.vocab_size
@@ -243,7 +284,8 @@ def test_prefix_cache_holds_only_real_tokens_after_rollbacks(lm: tuple[Any, Any]
         EngineRequest(f"r{i}", extractive(rng, vocab), max_tokens=40, ignore_eos=True)
         for i in range(12)
     ]
-    engine, tokens, _ = run(lm, reqs, SpecConfig(k=5), block_size=4, kv_budget_tokens=8192)
+    spec = SpecConfig(k=5, method=method)
+    engine, tokens, _ = run(lm, reqs, spec, draft_lm, block_size=4, kv_budget_tokens=8192)
     st = engine.stats
     assert st.spec_accepted_tokens > 0 and st.spec_accepted_tokens < st.spec_draft_tokens
     real: dict[int, tuple[int, ...]] = {}
@@ -264,11 +306,13 @@ def test_prefix_cache_holds_only_real_tokens_after_rollbacks(lm: tuple[Any, Any]
     assert all(b.ref == 0 for b in blocks) and engine.stats.kv_used_blocks == 0
 
 
-def test_speculation_turns_off_while_the_batch_is_full(lm: tuple[Any, Any]) -> None:
-    model, tok = lm
+def test_speculation_turns_off_while_the_batch_is_full(
+    lm: tuple[Any, Any], draft_lm: Any, method: str
+) -> None:
     rng = random.Random(3)
-    prompt = extractive(rng, model.config.vocab_size)
-    engine = Engine(model, tok, EngineConfig(speculation=SpecConfig(k=4, max_running=2)))
+    prompt = extractive(rng, lm[0].config.vocab_size)
+    spec = SpecConfig(k=4, max_running=2, method=method)
+    engine = engine_for(lm, draft_lm, EngineConfig(speculation=spec))
     for i in range(6):  # they finish one after another: the batch shrinks below the cap
         engine.add_request(EngineRequest(f"r{i}", prompt, max_tokens=8 + 6 * i, ignore_eos=True))
     checked = 0
@@ -283,11 +327,19 @@ def test_speculation_turns_off_while_the_batch_is_full(lm: tuple[Any, Any]) -> N
     assert engine.stats.spec_verifications > 0
 
 
-def test_sampling_with_drafts_keeps_the_target_distribution(lm: tuple[Any, Any]) -> None:
+def test_sampling_with_drafts_keeps_the_target_distribution(
+    lm: tuple[Any, Any], draft_lm: Any, method: str
+) -> None:
     """Chi-square of the second token's counts (first token fixed, drafts verified) against
     the model's own probabilities after temperature and top-k, from one forward pass.
-    Seeds are fixed, so the test is deterministic; its level is 0.001."""
-    model, tok = lm
+    Seeds are fixed, so the test is deterministic; its level is 0.001.
+
+    The rule: the target draws its own token at each draft position and keeps the draft
+    token while they agree. With a greedy draft (one token, probability 1) that is
+    Leviathan et al.'s rejection sampling exactly: the draft token is kept with the
+    target's probability of it, and a rejection draws from the target's distribution
+    without it. Seeded requests give the same tokens with and without drafts."""
+    model = lm[0]
     rng = random.Random(12)
     prompt = extractive(rng, model.config.vocab_size)
     sampling = SamplingConfig(temperature=1.5, top_k=8)
@@ -297,11 +349,8 @@ def test_sampling_with_drafts_keeps_the_target_distribution(lm: tuple[Any, Any])
         last = model(torch.tensor([prompt], device=model.device)).logits[0, -1]
     prompt = last.topk(8).indices.tolist() + prompt
     n = 600
-    engine = Engine(
-        model,
-        tok,
-        EngineConfig(max_running=200, speculation=SpecConfig(k=3, max_running=1000)),
-    )
+    spec = SpecConfig(k=3, max_running=1000, method=method)
+    engine = engine_for(lm, draft_lm, EngineConfig(max_running=200, speculation=spec))
     for i in range(n):
         s = SamplingConfig(temperature=1.5, top_k=8, seed=1000 + i)
         engine.add_request(EngineRequest(f"r{i}", prompt, max_tokens=3, sampling=s))
@@ -309,7 +358,8 @@ def test_sampling_with_drafts_keeps_the_target_distribution(lm: tuple[Any, Any])
     assert engine.stats.spec_verifications > n // 4  # many second tokens came from a draft
     firsts = [t[0] for t in tokens.values()]
     first = max(set(firsts), key=firsts.count)
-    assert propose([*prompt, first], 3, 4)  # a draft follows this first token
+    if method == "ngram":
+        assert propose([*prompt, first], 3, 4)  # a draft follows this first token
     seconds = [t[1] for t in tokens.values() if t[0] == first and len(t) > 1]
     assert len(seconds) > 200
     with torch.inference_mode():
@@ -356,3 +406,64 @@ def test_worker_metrics_count_drafts_and_accepted_tokens() -> None:
     assert value("tw_spec_verifications_total") == 4
     assert value("tw_spec_draft_tokens_total") == 16
     assert value("tw_spec_accepted_tokens_total") == 7
+
+
+# --- the draft model on its own ----------------------------------------------------------------
+def test_a_draft_model_of_another_vocabulary_is_refused(lm: tuple[Any, Any]) -> None:
+    model = lm[0]
+    with pytest.raises(DraftUnsupported, match="share the target's tokenizer"):
+        DraftModel(model, vocab_size=model.config.vocab_size + 1, block_size=16, kv_tokens=256)
+
+
+def test_the_draft_catches_up_after_rejections_and_frees_its_blocks(
+    lm: tuple[Any, Any], draft_lm: Any
+) -> None:
+    """Guesses after a partly rejected guess equal the guesses of a draft starting afresh
+    on the same tokens (the rejected positions' KV was written over), and a short pool
+    takes blocks from requests that do not draft this step."""
+    rng = random.Random(5)
+    prompt = extractive(rng, lm[0].config.vocab_size)
+    kept = DraftModel(draft_lm, vocab_size=lm[0].config.vocab_size, block_size=4, kv_tokens=96)
+    first = kept.propose([DraftWant("a", prompt, 4)])["a"]
+    # The target kept two guesses, then drew a token of its own (unlike the third guess).
+    other = (first[2] + 1) % lm[0].config.vocab_size
+    tokens = [*prompt, *first[:2], other]
+    again = kept.propose([DraftWant("a", tokens, 4)])["a"]
+    fresh = DraftModel(draft_lm, vocab_size=lm[0].config.vocab_size, block_size=4, kv_tokens=96)
+    assert again == fresh.propose([DraftWant("a", tokens, 4)])["a"]
+    # "b" needs most of the pool: "a", idle this step, gives its blocks back.
+    long = [*prompt, *prompt][:80]
+    assert len(kept.propose([DraftWant("b", long, 4)])["b"]) == 4
+    assert kept.used_blocks == -(-(len(long) + 3) // 4)
+    assert kept.propose([DraftWant("c", long, 4), DraftWant("b", long, 4)]).keys() == {"b"}
+    kept.retain([])
+    assert kept.used_blocks == 0
+
+
+def test_a_failing_draft_pass_costs_its_step_the_drafts_only(
+    lm: tuple[Any, Any], draft_lm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(6)
+    reqs = [
+        EngineRequest(f"r{i}", extractive(rng, lm[0].config.vocab_size), max_tokens=20)
+        for i in range(4)
+    ]
+    _, plain, _ = run(lm, reqs, SpecConfig())
+    engine = engine_for(lm, draft_lm, EngineConfig(speculation=SpecConfig(k=4, method="draft")))
+    assert engine.drafter is not None
+    forward = engine.drafter.runner.forward
+    failed = 0
+
+    def flaky(*args: Any, **kwargs: Any) -> torch.Tensor:
+        nonlocal failed
+        if engine.stats.steps % 3 == 1:  # every third step's draft pass fails
+            failed += 1
+            raise RuntimeError("draft pass failed")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.drafter.runner, "forward", flaky)
+    for r in reqs:
+        engine.add_request(r)
+    tokens, finals = collect(engine.run_until_idle())
+    assert tokens == plain and len(finals) == len(reqs)
+    assert failed > 3 and engine.stats.spec_accepted_tokens > 0

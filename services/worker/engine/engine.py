@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from services.worker.engine.draft import DraftModel, DraftWant
 from services.worker.engine.grammar import (
     Constraint,
     GrammarCache,
@@ -144,7 +145,9 @@ class Engine:
         tokenizer: Any,
         config: EngineConfig = EngineConfig(),
         grammars: GrammarCache | None = None,
+        draft_model: Any = None,
     ) -> None:
+        """``draft_model``: the guessing model of ``method="draft"`` speculation."""
         self.config = config
         self.tokenizer = tokenizer
         self.runner = ModelRunner(
@@ -168,6 +171,18 @@ class Engine:
         if eos is None:
             eos = tokenizer.eos_token_id
         self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.drafter: DraftModel | None = None
+        spec = config.speculation
+        if spec.enabled and spec.method == "draft":
+            if draft_model is None:
+                raise ValueError("draft speculation needs a draft model")
+            self.drafter = DraftModel(
+                draft_model,
+                vocab_size=self.vocab_size,
+                block_size=config.block_size,
+                # Room for every request that may speculate at once, at the longest context.
+                kv_tokens=(spec.max_running + 1) * (self.max_context + spec.k),
+            )
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
         # Built with the first constrained request, unless shared (engines of one model).
@@ -269,11 +284,13 @@ class Engine:
 
     def _propose(self) -> None:
         """Give each decoding request that may speculate this step's draft: the n-gram
-        guess from its own tokens, none while the batch is fuller than the setting's cap."""
+        guess from its own tokens or the draft model's, none while the batch is fuller than
+        the setting's cap."""
         spec = self.config.speculation
         if not spec.enabled:
             return
         on = spec.active(len(self.scheduler.running))
+        wants: list[DraftWant] = []
         for seq in self.scheduler.running:
             seq.draft = []
             live = self._live.get(seq.request_id)
@@ -281,8 +298,28 @@ class Engine:
                 continue
             # The verifying step adds a token of its own after the accepted ones.
             room = min(spec.k, seq.max_tokens - len(seq.output_ids) - 1)
-            if room > 0:
+            if room <= 0:
+                continue
+            if self.drafter is None:
                 seq.draft = propose(seq.all_ids, room, spec.max_n, spec.min_n)
+            else:
+                wants.append(DraftWant(seq.request_id, seq.all_ids, room))
+        if self.drafter is not None:
+            self.drafter.retain(self._live)
+            if wants:
+                self._draft(wants)
+
+    def _draft(self, wants: list[DraftWant]) -> None:
+        """The draft model's guesses; a failing draft pass costs this step its guesses,
+        never a request."""
+        assert self.drafter is not None
+        try:
+            guesses = self.drafter.propose(wants)
+        except Exception as exc:
+            log.warning("the draft model's pass failed, this step goes without drafts: %s", exc)
+            return
+        for seq in self.scheduler.running:
+            seq.draft = guesses.get(seq.request_id, seq.draft)
 
     def _run(self, plan: StepPlan) -> list[StepOutput]:
         logits: dict[str, torch.Tensor] = {}

@@ -233,13 +233,14 @@ class _DecodeSlots:
 
     def _steady(self, items: Sequence[RunItem], need: int) -> bool:
         """Whether the items are the rows of the last step, in their slots' order, each
-        one token further, with room for it: nothing to move, load or resize."""
+        one token further (or back, after a rollback), with room for it: nothing to move,
+        load or resize."""
         held = len(self.keys) - self.keys.count(None)
         return (
             held == len(items)
             and need <= self.capacity
             and all(
-                self.keys[i] == it.row_key and self.lengths[i] == it.start
+                self.keys[i] == it.row_key and self.lengths[i] >= it.start
                 for i, it in enumerate(items)
             )
         )
@@ -261,14 +262,16 @@ class _DecodeSlots:
 
     def _assign(self, items: Sequence[RunItem]) -> tuple[list[int], dict[int, int], list[int]]:
         """Each item's slot, which items already hold a slot (item → that slot) and which
-        must be loaded from the pool. A held slot counts only if it has exactly the tokens
-        before the item's ``start``; held rows keep their slot when it is low enough."""
+        must be loaded from the pool. A held slot counts if it has the tokens before the
+        item's ``start`` (more, after a rollback: a position's KV depends only on the
+        tokens up to it, and the positions past ``start`` are masked until written over);
+        held rows keep their slot when it is low enough."""
         rows = len(items)
         where = {key: s for s, key in enumerate(self.keys) if key is not None}
         kept: dict[int, int] = {}
         for i, it in enumerate(items):
             s = where.get(it.row_key)
-            if s is not None and self.lengths[s] == it.start:
+            if s is not None and self.lengths[s] >= it.start:
                 kept[i] = s
         slot = [-1] * rows
         for i, s in kept.items():

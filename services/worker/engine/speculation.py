@@ -26,12 +26,20 @@ class SpecConfig:
     the whole context from the KV pool instead of the decode rows' dense copies), and on the
     embedded tiny model the drafts of extractive prompts are accepted about one token in
     three to five, for a gain of 1.1x to 1.25x at one request; a workload that copies more
-    (code edits, quoting) turns it on with ``TW_SPEC_NGRAM_K``."""
+    (code edits, quoting) turns it on with ``TW_SPEC_NGRAM_K``.
+
+    ``method="draft"``: the guesses come from a draft model instead (``DraftModel``), the
+    same ``k`` and cap; ``max_n`` and ``min_n`` are the n-gram method's alone."""
 
     k: int = 0
     max_n: int = 4
     min_n: int = 1
     max_running: int = 8
+    method: str = "ngram"
+
+    def __post_init__(self) -> None:
+        if self.method not in ("ngram", "draft"):
+            raise ValueError(f"unknown speculation method {self.method!r}: ngram or draft")
 
     @property
     def enabled(self) -> bool:
