@@ -210,6 +210,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
         cfg.with_generate_batch = False
     if args.only:
         cfg.sections = tuple(s for s in SECTIONS if s in args.only)
+    if "draft" in cfg.sections:
+        cfg.draft_model, cfg.draft_k = _draft_model_dir(args.draft_model), args.draft_k
     run(model_dir, cfg, Path(args.out) if args.out else None, args.device, args.dtype)
 
 
@@ -455,9 +457,18 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
     be.add_argument(
         "--only",
         nargs="+",
-        choices=["throughput", "prefix", "features", "speculation", "overhead", "int8"],
+        choices=["throughput", "prefix", "features", "speculation", "draft", "overhead", "int8"],
         help="run the throughput rows and these parts only (default: every part; int8: "
-        "TW_QUANTIZE=int8 against full precision, on the CPU)",
+        "TW_QUANTIZE=int8 against full precision, on the CPU; draft: draft-model speculation)",
+    )
+    be.add_argument(
+        "--draft-model",
+        default="tiny",
+        help="draft speculation's guessing model: a preset (built if missing) or a folder "
+        "(default: tiny)",
+    )
+    be.add_argument(
+        "--draft-k", type=int, default=4, help="tokens the draft model guesses per step (4)"
     )
     be.add_argument(
         "--device",

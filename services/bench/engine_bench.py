@@ -32,7 +32,7 @@ from services.worker.engine.sampler import SamplingConfig
 from services.worker.engine.speculation import SpecConfig
 
 # The parts of the benchmark after the throughput rows, each skippable.
-SECTIONS = ("prefix", "features", "speculation", "overhead", "int8")
+SECTIONS = ("prefix", "features", "speculation", "draft", "overhead", "int8")
 
 
 @dataclass
@@ -51,6 +51,8 @@ class BenchConfig:
     spec_k: int = 4  # n-gram speculation's draft tokens in its figure
     spec_prompts: int = 3  # extractive prompts, served one at a time
     spec_batch: int = 32  # the chat mix's concurrent requests
+    draft_model: str = ""  # draft speculation's guessing model (a folder; "": no draft part)
+    draft_k: int = 4
     seed: int = 0
     sections: tuple[str, ...] = SECTIONS  # which parts run (the throughput rows always do)
 
@@ -68,6 +70,7 @@ class Report:
     prefix: dict[str, Any] = field(default_factory=dict)
     features: dict[str, Any] = field(default_factory=dict)
     speculation: dict[str, Any] = field(default_factory=dict)
+    draft: dict[str, Any] = field(default_factory=dict)
     overhead: dict[str, Any] = field(default_factory=dict)
     int8: dict[str, Any] = field(default_factory=dict)
 
@@ -218,6 +221,13 @@ def run(
     if "speculation" in cfg.sections:
         rep.speculation = speculation(model, tok, cfg, ecfg)
         print(json.dumps(rep.speculation))
+    if "draft" in cfg.sections and cfg.draft_model:
+        if Path(cfg.draft_model).resolve() == Path(model_dir).resolve():
+            print("draft speculation left out: the draft model is the served model")
+        else:
+            draft, _ = load_model(cfg.draft_model, device, dtype)
+            rep.draft = speculation(model, tok, cfg, ecfg, draft)
+            print(json.dumps(rep.draft))
     if "overhead" in cfg.sections:
         rep.overhead = overhead(model, tok, cfg, ecfg)
         print(json.dumps(rep.overhead))
@@ -340,25 +350,37 @@ def _features(
     return {**row, **_constrained(model, tok, cfg, ecfg, prompts)}
 
 
-def speculation(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str, Any]:
-    """N-gram speculation (``cfg.spec_k`` drafts, the engine's default load cap) against
-    none, greedy, in alternating rounds: one request at a time on extractive prompts, and
-    ``cfg.spec_batch`` requests of the chat mix at once (speculation is off while the batch
-    is fuller than the cap, then on for its tail)."""
-    spec = replace(ecfg, speculation=SpecConfig(k=cfg.spec_k))
+def speculation(
+    model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig, draft: Any = None
+) -> dict[str, Any]:
+    """Speculation against none, greedy, in alternating rounds, with the engine's default
+    load cap: n-gram (``cfg.spec_k`` guesses) one request at a time on extractive prompts,
+    or with ``draft`` the draft model (``cfg.draft_k``) one request at a time on prompts
+    of the chat mix; and ``cfg.spec_batch`` requests of the chat mix at once (speculation
+    is off while the batch is fuller than the cap, then on for its tail)."""
+    if draft is None:
+        spec = replace(ecfg, speculation=SpecConfig(k=cfg.spec_k))
+    else:
+        spec = replace(ecfg, speculation=SpecConfig(k=cfg.draft_k, method="draft"))
     rng = random.Random(cfg.seed + 1)
-    extractive = [
-        tok(_extractive_text(rng, cfg.prompt_len))["input_ids"] for _ in range(cfg.spec_prompts)
-    ]
     mix = Mix(Workload(output_tokens=(max(1, cfg.new_tokens // 4), cfg.new_tokens), seed=cfg.seed))
     chat = [mix.body() for _ in range(cfg.spec_batch)]
     chat_prompts = [tok(b["prompt"])["input_ids"] for b in chat]
     chat_new = [int(b["max_tokens"]) for b in chat]
+    if draft is None:
+        single = [
+            tok(_extractive_text(rng, cfg.prompt_len))["input_ids"] for _ in range(cfg.spec_prompts)
+        ]
+    else:
+        single = chat_prompts[: cfg.spec_prompts]
+
+    def engine_for(c: EngineConfig) -> Engine:
+        return Engine(model, tok, c, draft_model=draft if c.speculation.enabled else None)
 
     def one_at_a_time(c: EngineConfig) -> tuple[float, Engine]:
-        engine = Engine(model, tok, c)
+        engine = engine_for(c)
         t0 = time.perf_counter()
-        for i, p in enumerate(extractive):
+        for i, p in enumerate(single):
             engine.add_request(
                 EngineRequest(f"x{i}", p, max_tokens=cfg.new_tokens, ignore_eos=True)
             )
@@ -366,15 +388,20 @@ def speculation(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> d
         return engine.stats.decoded_tokens / (time.perf_counter() - t0), engine
 
     def batch(c: EngineConfig) -> tuple[float, Engine]:
-        engine = Engine(model, tok, c)
+        engine = engine_for(c)
         t0 = time.perf_counter()
         for i, (p, n) in enumerate(zip(chat_prompts, chat_new, strict=True)):
             engine.add_request(EngineRequest(f"c{i}", p, max_tokens=n, ignore_eos=True))
         engine.run_until_idle()
         return engine.stats.decoded_tokens / (time.perf_counter() - t0), engine
 
-    out: dict[str, Any] = {"k": cfg.spec_k, "max_running": spec.speculation.max_running}
-    for name, fn in (("extractive_1", one_at_a_time), ("chat_mix_" + str(cfg.spec_batch), batch)):
+    out: dict[str, Any] = {
+        "k": spec.speculation.k,
+        "max_running": spec.speculation.max_running,
+        "method": spec.speculation.method,
+    }
+    single_name = "extractive_1" if draft is None else "chat_1"
+    for name, fn in ((single_name, one_at_a_time), ("chat_mix_" + str(cfg.spec_batch), batch)):
         on: list[float] = []
         off: list[float] = []
         engine = None
@@ -606,10 +633,14 @@ def print_table(rep: Report) -> None:
             f"{p['cache_on']['ttft_p50_ms']:.1f} ms cached vs {p['cache_off']['ttft_p50_ms']:.1f} ms uncached "
             f"({100 * p['ttft_ratio_on_vs_off']:.0f}%); {f(p['cache_on']['tok_s'])} vs {f(p['cache_off']['tok_s'])} tok/s"
         )
-    sp = rep.speculation
-    if sp:
+    for sp, name, single in (
+        (rep.speculation, "n-gram speculation", ("extractive_1", "1 request, extractive prompts")),
+        (rep.draft, "draft-model speculation", ("chat_1", "1 request, chat mix")),
+    ):
+        if not sp:
+            continue
         for key, what in (
-            ("extractive_1", "1 request, extractive prompts"),
+            single,
             (
                 f"chat_mix_{rep.config['spec_batch']}",
                 f"{rep.config['spec_batch']} requests, chat mix",
@@ -617,7 +648,7 @@ def print_table(rep: Report) -> None:
         ):
             r = sp[key]
             print(
-                f"n-gram speculation (k={sp['k']}, off above {sp['max_running']} running), {what}: "
+                f"{name} (k={sp['k']}, off above {sp['max_running']} running), {what}: "
                 f"{f(r['spec_tok_s'])} vs {f(r['plain_tok_s'])} tok/s without "
                 f"({r['spec_vs_plain']:.2f}x, paired rounds {r['spec_vs_plain_paired']:.2f}x); "
                 f"acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "
