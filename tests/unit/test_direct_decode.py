@@ -1,11 +1,13 @@
 """Decode steps on the weights directly (``services.worker.engine.direct``): taken for the
 plain Llama-family rows of the compatibility matrix, bit-identical to the model's own
-forward through the same runner over many steps of a changing batch, and refused for
+forward through the same runner over many steps of a changing batch (decodes, and
+speculation's verification rows with drafts kept in part and rolled back), and refused for
 anything else, including a model whose own forward differs from it in the last bit."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,9 @@ DIRECT_ROWS = ["llama", "llama-rope-llama3", "llama-rope-yarn", "mistral", "qwen
 MODEL_ROWS = ["llama-rope-dynamic", "qwen3", "gemma", "gpt2", "falcon"]
 
 
-def decode_logits(runner: ModelRunner, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:
+def decode_logits(
+    runner: ModelRunner, prompts: list[list[int]], steps: int, vocab: int = 0
+) -> list[torch.Tensor]:
     """Each step's decode logits, rows joining and leaving (greedy: the argmax is fed back)."""
     rng = random.Random(1)
     seqs = [list(p) for p in prompts]
@@ -47,16 +51,58 @@ def decode_logits(runner: ModelRunner, prompts: list[list[int]], steps: int) -> 
     return out
 
 
+def verify_logits(
+    runner: ModelRunner, prompts: list[list[int]], steps: int, vocab: int
+) -> list[torch.Tensor]:
+    """Speculation's verification passes: each step some rows bring their next token and a
+    draft of 0 to 5 made-up tokens; a random number of the draft is kept (the rest rolled
+    back), then the argmax after it; plain decode steps come in between."""
+    rng = random.Random(2)
+    seqs = [list(p) for p in prompts]
+    for i, s in enumerate(seqs):
+        runner.forward([RunItem(s[:-1], 0, range(i * PER_SEQ, (i + 1) * PER_SEQ))])
+    out = []
+    for step in range(steps):
+        rows = sorted(rng.sample(range(len(seqs)), rng.randint(1, len(seqs))))
+        drafts = {i: [rng.randrange(3, vocab) for _ in range(rng.randint(0, 5))] for i in rows}
+        items = [
+            RunItem(
+                [seqs[i][-1], *drafts[i]],
+                len(seqs[i]) - 1,
+                range(i * PER_SEQ, (i + 1) * PER_SEQ),
+                i,
+            )
+            for i in rows
+        ]
+        every = step % 4 != 3  # every fourth step: a plain decode of the same rows
+        logits = runner.forward(
+            items if every else [replace(it, token_ids=it.token_ids[:1]) for it in items],
+            every_position=every,
+        )
+        if every:  # the positions the rows brought (shorter rows are padded)
+            out.append(torch.cat([logits[r, : len(it.token_ids)] for r, it in enumerate(items)]))
+        else:
+            out.append(logits)
+        for r, i in enumerate(rows):
+            kept = rng.randint(0, len(drafts[i])) if every else 0
+            row = logits[r, kept] if every else logits[r]
+            seqs[i] += [*drafts[i][:kept], int(row.argmax())]
+    return out
+
+
 def assert_bit_identical(model: Any, vocab: int) -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (2, 9, 30, 17, 64)]
     direct = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
     plain = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
-    assert direct._direct is not None
+    assert direct._direct is not None and direct._direct.verifies
     plain._direct = None
-    ours = decode_logits(direct, prompts, 40)
-    theirs = decode_logits(plain, prompts, 40)
-    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    for run in (decode_logits, verify_logits):
+        for runner in (direct, plain):  # a row key names one sequence's tokens
+            runner.forget_rows()
+        ours = run(direct, prompts, 40, vocab)
+        theirs = run(plain, prompts, 40, vocab)
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True)), run.__name__
 
 
 def test_the_embedded_model_decodes_directly_bit_for_bit(lm: tuple[Any, Any]) -> None:

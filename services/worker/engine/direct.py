@@ -55,6 +55,7 @@ class DirectDecoder:
     (anything with ``update(keys, values, layer)``), returning ``[rows, vocab]`` logits."""
 
     def __init__(self, model: Any) -> None:
+        self.verifies = False  # rows of several tokens too (``matches`` finds out)
         body = model.model
         cfg = model.config
         self.heads = cfg.num_attention_heads
@@ -88,43 +89,61 @@ class DirectDecoder:
     ) -> torch.Tensor:
         """Logits ``[rows, vocab]`` of one new token per row (``input_ids`` and
         ``positions``: ``[rows, 1]``) attending through ``mask`` (``[rows, 1, 1, kv_len]``)."""
+        return self.rows(input_ids, positions, mask, cache)[:, 0]
+
+    def rows(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """Logits ``[rows, q, vocab]`` of ``q`` new tokens per row (``input_ids`` and
+        ``positions``: ``[rows, q]``) attending through ``mask`` (``[rows, 1, q, kv_len]``)."""
         x = F.embedding(input_ids, self.embed)
         cos, sin = self._rotary(positions, x.dtype)
-        rows, d = input_ids.shape[0], self.head_dim
+        (rows, width), d = input_ids.shape, self.head_dim
         group = self.heads // self.kv_heads
         for i, lay in enumerate(self.layers):
             h = _rms(x, lay.norm1, lay.eps1)
-            q = F.linear(h, *lay.q).view(rows, 1, -1, d).transpose(1, 2)
-            k = F.linear(h, *lay.k).view(rows, 1, -1, d).transpose(1, 2)
-            v = F.linear(h, *lay.v).view(rows, 1, -1, d).transpose(1, 2)
+            q = F.linear(h, *lay.q).view(rows, width, -1, d).transpose(1, 2)
+            k = F.linear(h, *lay.k).view(rows, width, -1, d).transpose(1, 2)
+            v = F.linear(h, *lay.v).view(rows, width, -1, d).transpose(1, 2)
             q = (q * cos) + (_rotate_half(q) * sin)
             k = (k * cos) + (_rotate_half(k) * sin)
             k, v = cache.update(k, v, i)
-            if group > 1:  # transformers' SDPA path for one query with a mask: heads packed
+            # transformers' SDPA path with a mask: for one query the heads are packed onto
+            # their KV head, for several the KV heads are repeated.
+            if group > 1 and width == 1:
                 q = q.reshape(rows, self.kv_heads, group, d)
+            elif group > 1:
+                k, v = _repeat_kv(k, group), _repeat_kv(v, group)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
-            a = a.reshape(rows, -1, 1, d).transpose(1, 2).contiguous()
-            x = x + F.linear(a.reshape(rows, 1, -1).contiguous(), *lay.o)
+            a = a.reshape(rows, -1, width, d).transpose(1, 2).contiguous()
+            x = x + F.linear(a.reshape(rows, width, -1).contiguous(), *lay.o)
             h = _rms(x, lay.norm2, lay.eps2)
             x = x + F.linear(F.silu(F.linear(h, *lay.gate)) * F.linear(h, *lay.up), *lay.down)
-        return F.linear(_rms(x, self.norm, self.norm_eps), self.head)[:, 0]
+        return F.linear(_rms(x, self.norm, self.norm_eps), self.head)
 
     def matches(self, run: Callable[..., torch.Tensor]) -> bool:
         """Whether ``run`` (the model's own forward through the runner) gives bit-identical
-        logits on a probe: three rows at different positions over made-up keys and values."""
-        rows, kv_len = 3, 5
+        logits on a probe: three rows at different positions over made-up keys and values.
+        ``verifies`` says the same of rows of three new tokens each."""
+        ok = self._probe(run, width=1)
+        self.verifies = ok and self._probe(run, width=3)
+        return ok
+
+    def _probe(self, run: Callable[..., torch.Tensor], width: int) -> bool:
+        rows, kv_len = 3, 5 + width
         dev = self.embed.device
-        ids = torch.tensor([[1], [2], [3]], device=dev) % self.embed.shape[0]
-        pos = torch.tensor([[4], [2], [3]], device=dev)
-        mask = torch.arange(kv_len, device=dev).view(1, 1, 1, -1) <= pos.view(rows, 1, 1, 1)
+        ids = torch.arange(1, rows * width + 1, device=dev).view(rows, width) % self.embed.shape[0]
+        pos = torch.tensor([[4], [2], [3]], device=dev) + torch.arange(width, device=dev)
+        cols = torch.arange(kv_len, device=dev).view(1, 1, 1, -1)
+        mask = cols <= pos.view(rows, 1, width, 1)
         shape = (len(self.layers), rows, self.kv_heads, kv_len, self.head_dim)
         with torch.inference_mode():
-            theirs = run(ids, pos, kv_len, _ProbeCache(shape, self.embed), 1)[:, 0]
-            ours = self(ids, pos, mask, _ProbeCache(shape, self.embed))
+            theirs = run(ids, pos, kv_len, _ProbeCache(shape, self.embed), width)
+            ours = self.rows(ids, pos, mask, _ProbeCache(shape, self.embed))
         return bool(torch.equal(theirs, ours))
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """Cosines and sines ``[rows, 1, 1, head_dim]``, as the model's rotary module."""
+        """Cosines and sines ``[rows, 1, q, head_dim]``, as the model's rotary module."""
         inv = self.inv_freq.to(device=positions.device, dtype=torch.float)
         freqs = positions[..., None].float() * inv
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -167,8 +186,9 @@ class _ProbeCache:
         self.v = torch.randn(shape, generator=gen).to(like.device, like.dtype)
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer: int, **_: Any) -> tuple[Any, Any]:
-        self.k[layer, :, :, -1] = k[:, :, 0]
-        self.v[layer, :, :, -1] = v[:, :, 0]
+        width = k.shape[2]
+        self.k[layer, :, :, -width:] = k
+        self.v[layer, :, :, -width:] = v
         return self.k[layer], self.v[layer]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -181,6 +201,12 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
     return weight * (x * torch.rsqrt(variance + eps)).to(dtype)
+
+
+def _repeat_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``[rows, kv_heads, n, dim]`` → ``[rows, kv_heads * group, n, dim]``, as transformers."""
+    rows, heads, n, dim = x.shape
+    return x[:, :, None].expand(rows, heads, group, n, dim).reshape(rows, heads * group, n, dim)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

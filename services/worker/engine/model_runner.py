@@ -27,7 +27,9 @@ does after its LM head (final-logit softcapping) is kept.
 
 For plain Llama-family models the decode pass itself runs on the model's weights directly
 (``direct.py``: the same operations, bit-identical, without transformers' module calls,
-which were most of a small model's decode step).
+which were most of a small model's decode step). So does speculation's verification, a few
+tokens per decoding row (its draft), over the same dense slots: it was a prefill through the
+model's forward over the gathered pool, two to three decode steps' time on the tiny model.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ from services.worker.engine.direct import direct_decoder
 from services.worker.engine.kv_cache import HOLE
 from services.worker.engine.layout import AttentionLayout, UnsupportedModel, attention_layout
 
+# The most tokens a row may bring to a verification through the dense slots (a decode and
+# its draft); longer rows go through the model's forward.
+MAX_VERIFY_TOKENS = 17
+
 
 @dataclass(frozen=True, slots=True)
 class RunItem:
@@ -54,7 +60,8 @@ class RunItem:
 
     ``row_key`` names the sequence across steps (unique per admission of a request), so a
     decoding row can keep its dense KV copy from one step to the next; without it the
-    row's KV is gathered from the pool."""
+    row's KV is gathered from the pool. A key's tokens before ``start`` are always the
+    ones it had there before (a rollback moves ``start`` back, never changes them)."""
 
     token_ids: Sequence[int]
     start: int
@@ -155,6 +162,46 @@ class _DenseCache:
         return self.kv_len
 
 
+class _DenseRowsCache(_DenseCache):
+    """``_DenseCache`` for rows of several new tokens (speculation's verification): the
+    valid ``(row, column)`` tokens (``write_rows``, ``write_cols``; rows shorter than the
+    longest are padded) go to the pool and to their slot at ``positions``."""
+
+    def __init__(
+        self,
+        pools: Pools,
+        dense: Pools,
+        group_of: Sequence[int],
+        write_blocks: list[torch.Tensor],
+        write_offsets: torch.Tensor,
+        write: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        rows: int,
+        kv_len: int,
+    ) -> None:
+        self.k_pool, self.v_pool = pools
+        self.k_dense, self.v_dense = dense
+        self.group_of = group_of
+        self.write_blocks, self.write_offsets = write_blocks, write_offsets
+        self.write_rows, self.write_cols, self.positions = write
+        self.num_rows = rows
+        self.kv_len = kv_len
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = []
+        blocks = self.write_blocks[self.group_of[layer_idx]]
+        for pool, dense, new in (
+            (self.k_pool[layer_idx], self.k_dense[layer_idx], key_states),
+            (self.v_pool[layer_idx], self.v_dense[layer_idx], value_states),
+        ):
+            tokens = new[self.write_rows, :, self.write_cols]  # [valid, heads, dim]
+            pool[blocks, self.write_offsets] = tokens
+            dense[self.write_rows, :, self.positions] = tokens
+            out.append(dense[: self.num_rows, :, : self.kv_len])
+        return out[0], out[1]
+
+
 class _ShapeProbe:
     """Duck-typed cache that records the KV shape each layer hands it, ``(kv_heads,
     key_dim, value_dim)``, whatever the config calls them."""
@@ -210,10 +257,10 @@ class _DecodeSlots:
     ) -> list[int] | None:
         """Give every item a slot in ``0 … len(items)-1`` holding its KV before ``start`` and
         return each item's slot; None (and nothing held) when the rows don't fit the limit."""
-        rows, need = len(items), max(it.start for it in items) + 1
+        rows, need = len(items), max(it.start + len(it.token_ids) for it in items)
         if self._steady(items, need):
             for i, it in enumerate(items):
-                self.lengths[i] = it.start + 1
+                self.lengths[i] = it.start + len(it.token_ids)
             return list(range(rows))
         size = self._size_for(rows, need)
         if size is None:
@@ -228,7 +275,7 @@ class _DecodeSlots:
         self.lengths = [0] * self.slots
         for i, it in enumerate(items):
             self.keys[slot[i]] = it.row_key
-            self.lengths[slot[i]] = it.start + 1  # after this step's token is written
+            self.lengths[slot[i]] = it.start + len(it.token_ids)  # after this step's tokens
         return slot
 
     def _steady(self, items: Sequence[RunItem], need: int) -> bool:
@@ -468,6 +515,19 @@ class ModelRunner:
         ``every_position``, of each of its tokens, ``[len(items), longest, vocab]`` (rows
         padded at the end: speculation's verification reads one per draft token)."""
         if every_position:
+            if (
+                self._direct is not None
+                and self._direct.verifies
+                and all(
+                    len(it.token_ids) <= MAX_VERIFY_TOKENS and it.row_key is not None
+                    for it in items
+                )
+            ):
+                slot = self._slots.place(
+                    items, (self.k_pool, self.v_pool), self.k_pool[0], self._tables
+                )
+                if slot is not None:
+                    return self._verify(items, slot)
             return self._prefill(items, every_position=True)
         if all(len(it.token_ids) == 1 and it.row_key is not None for it in items):
             slot = self._slots.place(
@@ -515,6 +575,53 @@ class ModelRunner:
         if slot == sorted(slot):  # every item in the slot of its own index: rows in order
             return logits.float()
         return logits.float()[torch.tensor(slot, device=dev)]
+
+    def _verify(self, items: Sequence[RunItem], slot: list[int]) -> torch.Tensor:
+        """A few new tokens per row (a decode and its draft), row ``slot[i]`` for item
+        ``i``, attending over the rows' dense slots: logits ``[rows, longest, vocab]`` of
+        every position, rows padded at the end."""
+        dev, bs = self.device, self.block_size
+        rows = len(items)
+        order = [0] * rows  # order[s]: the item in slot s
+        for i, s in enumerate(slot):
+            order[s] = i
+        width = max(len(it.token_ids) for it in items)
+        ids, pos, w_rows, w_cols, w_pos = [], [], [], [], []
+        blocks: list[list[int]] = [[] for _ in self.group_windows]
+        for s, i in enumerate(order):
+            it = items[i]
+            n, start = len(it.token_ids), it.start
+            ids.append([*it.token_ids, *[0] * (width - n)])
+            pos.append(list(range(start, start + width)))  # padding: masked, never written
+            tables = self._tables(it)
+            for t in range(n):
+                p = start + t
+                w_rows.append(s)
+                w_cols.append(t)
+                w_pos.append(p)
+                for g, table in enumerate(tables):
+                    blocks[g].append(table[p // bs])
+        ids_t = torch.tensor(ids, dtype=torch.long).to(dev)
+        pos_t = torch.tensor(pos, dtype=torch.long).to(dev)
+        flat = torch.tensor([w_rows, w_cols, w_pos, [p % bs for p in w_pos], *blocks])
+        rows_t, cols_t, wpos_t, off_t, *blk_t = flat.to(dev).unbind(0)
+        kv_len = max(it.start + len(it.token_ids) for it in items)
+        cache = _DenseRowsCache(
+            (self.k_pool, self.v_pool),
+            (self._slots.k, self._slots.v),
+            self._group_of,
+            blk_t,
+            off_t,
+            (rows_t, cols_t, wpos_t),
+            rows,
+            kv_len,
+        )
+        mask = self._mask(pos_t, kv_len)
+        assert self._direct is not None and isinstance(mask, torch.Tensor)
+        logits = self._direct.rows(ids_t, pos_t, mask, cache).float()
+        if slot == sorted(slot):
+            return logits
+        return logits[torch.tensor(slot, device=dev)]
 
     def _prefill(self, items: Sequence[RunItem], every_position: bool = False) -> torch.Tensor:
         """Rows of several tokens each (any mix), padded to the longest."""
