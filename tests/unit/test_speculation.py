@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -467,3 +468,21 @@ def test_a_failing_draft_pass_costs_its_step_the_drafts_only(
     tokens, finals = collect(engine.run_until_idle())
     assert tokens == plain and len(finals) == len(reqs)
     assert failed > 3 and engine.stats.spec_accepted_tokens > 0
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused_at_load(
+    model_dir: str, tmp_path: Path
+) -> None:
+    from services.model.build import ensure_model
+    from services.worker.runtime import EngineSpec, _build
+
+    other = ensure_model("micro", tmp_path, log=lambda _: None)  # its own, smaller tokenizer
+    spec = EngineSpec(
+        model_dir,
+        device="cpu",
+        dtype="float32",
+        config=EngineConfig(speculation=SpecConfig(k=2, method="draft")),
+        draft_model_dir=str(other),
+    )
+    with pytest.raises(ValueError, match="another tokenizer"):
+        _build(spec)
