@@ -210,6 +210,7 @@ def cmd_bench_engine(args: argparse.Namespace) -> None:
         cfg.with_generate_batch = False
     if args.only:
         cfg.sections = tuple(s for s in SECTIONS if s in args.only)
+    cfg.spec_k = args.spec_k
     if "draft" in cfg.sections:
         cfg.draft_model, cfg.draft_k = _draft_model_dir(args.draft_model), args.draft_k
     run(model_dir, cfg, Path(args.out) if args.out else None, args.device, args.dtype)
@@ -469,6 +470,9 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
     )
     be.add_argument(
         "--draft-k", type=int, default=4, help="tokens the draft model guesses per step (4)"
+    )
+    be.add_argument(
+        "--spec-k", type=int, default=4, help="n-gram speculation's draft tokens per step (4)"
     )
     be.add_argument(
         "--device",

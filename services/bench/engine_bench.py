@@ -398,6 +398,7 @@ def speculation(
     out: dict[str, Any] = {
         "k": spec.speculation.k,
         "max_running": spec.speculation.max_running,
+        "step_tokens": spec.speculation.step_tokens,
         "method": spec.speculation.method,
     }
     single_name = "extractive_1" if draft is None else "chat_1"
@@ -648,7 +649,8 @@ def print_table(rep: Report) -> None:
         ):
             r = sp[key]
             print(
-                f"{name} (k={sp['k']}, off above {sp['max_running']} running), {what}: "
+                f"{name} (k={sp['k']}, at most {sp['step_tokens']} a step, off above "
+                f"{sp['max_running']} running), {what}: "
                 f"{f(r['spec_tok_s'])} vs {f(r['plain_tok_s'])} tok/s without "
                 f"({r['spec_vs_plain']:.2f}x, paired rounds {r['spec_vs_plain_paired']:.2f}x); "
                 f"acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "

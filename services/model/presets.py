@@ -107,12 +107,12 @@ PRESETS: dict[str, ModelPreset] = {
             vocab_size=4096,
             max_positions=2048,
             train_steps=600,
-            train_seconds=2700.0,
+            train_seconds=1700.0,
             batch_size=16,
             seq_len=128,
             learning_rate=2e-3,
             warmup_steps=30,
-            description="benchmarks and speculation's target: ~30M parameters, trained ~45 min "
+            description="benchmarks and speculation's target: ~30M parameters, trained ~30 min "
             "on CPU from tiny's corpus and tokenizer (built only when asked for)",
         ),
     )

@@ -85,6 +85,12 @@ class WorkerSettings(FleetSettings):
         ge=0,
         description="speculation (either kind) stops while more sequences than this are running",
     )
+    spec_step_tokens: int = Field(
+        8,
+        ge=1,
+        description="speculation: the most draft tokens one step verifies; each request's "
+        "share shrinks as the batch fills (k at one request, 1 at this many)",
+    )
     max_waiting: int = Field(256, ge=1, description="pause Kafka consumption above this")
     heartbeat_interval_s: float = Field(
         1.0, gt=0, description="time between heartbeats (one also goes out when requests end)"
@@ -115,8 +121,14 @@ class WorkerSettings(FleetSettings):
         """The engine's speculation: n-gram, the draft model's, or none."""
         if self.spec_draft_k:
             return SpecConfig(
-                k=self.spec_draft_k, max_running=self.spec_max_running, method="draft"
+                k=self.spec_draft_k,
+                max_running=self.spec_max_running,
+                method="draft",
+                step_tokens=self.spec_step_tokens,
             )
         return SpecConfig(
-            k=self.spec_ngram_k, max_n=self.spec_ngram_max_n, max_running=self.spec_max_running
+            k=self.spec_ngram_k,
+            max_n=self.spec_ngram_max_n,
+            max_running=self.spec_max_running,
+            step_tokens=self.spec_step_tokens,
         )

@@ -55,6 +55,12 @@ def test_spec_config_turns_off_above_its_running_cap() -> None:
     assert not SpecConfig().active(1)  # off by default
 
 
+def test_drafts_shrink_as_the_batch_fills() -> None:
+    spec = SpecConfig(k=4, max_running=16, step_tokens=8)
+    assert [spec.per_request(n) for n in (1, 2, 3, 4, 8, 9, 16, 17)] == [4, 4, 2, 2, 1, 0, 0, 0]
+    assert SpecConfig(k=4, max_running=16, step_tokens=64).per_request(16) == 4
+
+
 # --- rollback in the cache manager and scheduler ---------------------------------------------
 def test_rejected_draft_blocks_are_freed_and_never_cached() -> None:
     kv = KVCacheManager(num_blocks=16, block_size=4)
@@ -236,7 +242,7 @@ def test_outputs_are_identical_with_and_without_speculation(
     cfg = {"kv_budget_tokens": 8192, "prefill_chunk": 32, "max_step_tokens": 256}
     _, plain_out = run_outputs(lm, reqs, SpecConfig(), **cfg)
     # A cap below the peak batch: some steps speculate, others decode plainly.
-    spec = SpecConfig(k=4, max_n=3, max_running=10, method=method)
+    spec = SpecConfig(k=4, max_n=3, max_running=10, method=method, step_tokens=40)
     engine, spec_out = run_outputs(lm, reqs, spec, draft_lm, **cfg)
     (plain, plain_finals), (spec, spec_finals) = collect(plain_out), collect(spec_out)
     st = engine.stats
@@ -268,7 +274,9 @@ def test_preemption_in_the_middle_of_speculation_changes_nothing(
     ]
     cfg = {"kv_budget_tokens": 320, "block_size": 16, "max_running": 16}
     _, plain, _ = run(lm, reqs, SpecConfig(), **cfg)
-    engine, spec, _ = run(lm, reqs, SpecConfig(k=6, max_running=16, method=method), draft_lm, **cfg)
+    engine, spec, _ = run(
+        lm, reqs, SpecConfig(k=6, max_running=16, method=method, step_tokens=96), draft_lm, **cfg
+    )
     assert engine.stats.preemptions > 0 and engine.stats.spec_accepted_tokens > 0
     assert engine.stats.kv_peak_used_blocks * 16 <= 320
     assert spec == plain
@@ -285,7 +293,7 @@ def test_prefix_cache_holds_only_real_tokens_after_rollbacks(
         EngineRequest(f"r{i}", extractive(rng, vocab), max_tokens=40, ignore_eos=True)
         for i in range(12)
     ]
-    spec = SpecConfig(k=5, method=method)
+    spec = SpecConfig(k=5, method=method, step_tokens=40)
     engine, tokens, _ = run(lm, reqs, spec, draft_lm, block_size=4, kv_budget_tokens=8192)
     st = engine.stats
     assert st.spec_accepted_tokens > 0 and st.spec_accepted_tokens < st.spec_draft_tokens
@@ -350,7 +358,7 @@ def test_sampling_with_drafts_keeps_the_target_distribution(
         last = model(torch.tensor([prompt], device=model.device)).logits[0, -1]
     prompt = last.topk(8).indices.tolist() + prompt
     n = 600
-    spec = SpecConfig(k=3, max_running=1000, method=method)
+    spec = SpecConfig(k=3, max_running=1000, method=method, step_tokens=3000)
     engine = engine_for(lm, draft_lm, EngineConfig(max_running=200, speculation=spec))
     for i in range(n):
         s = SamplingConfig(temperature=1.5, top_k=8, seed=1000 + i)

@@ -289,15 +289,15 @@ class Engine:
         spec = self.config.speculation
         if not spec.enabled:
             return
-        on = spec.active(len(self.scheduler.running))
+        k = spec.per_request(len(self.scheduler.running))
         wants: list[DraftWant] = []
         for seq in self.scheduler.running:
             seq.draft = []
             live = self._live.get(seq.request_id)
-            if not on or seq.in_prefill or live is None or not _speculates(live):
+            if not k or seq.in_prefill or live is None or not _speculates(live):
                 continue
             # The verifying step adds a token of its own after the accepted ones.
-            room = min(spec.k, seq.max_tokens - len(seq.output_ids) - 1)
+            room = min(k, seq.max_tokens - len(seq.output_ids) - 1)
             if room <= 0:
                 continue
             if self.drafter is None:

@@ -18,7 +18,8 @@ class SpecConfig:
     """How far a request may guess ahead, and when the engine stops guessing.
 
     ``k`` draft tokens at most per step (0: speculation off), from a match of the last
-    ``max_n`` tokens down to the last ``min_n``; with more than ``max_running`` sequences
+    ``max_n`` tokens down to the last ``min_n``; fewer as the batch fills, so that one step
+    verifies at most ``step_tokens`` draft tokens; with more than ``max_running`` sequences
     running nobody speculates: a full batch already spends each weight pass on many tokens,
     and the drafts' extra positions would only widen it.
 
@@ -36,6 +37,7 @@ class SpecConfig:
     min_n: int = 1
     max_running: int = 8
     method: str = "ngram"
+    step_tokens: int = 8  # draft tokens of all requests in one step, at most
 
     def __post_init__(self) -> None:
         if self.method not in ("ngram", "draft"):
@@ -47,7 +49,16 @@ class SpecConfig:
 
     def active(self, running: int) -> bool:
         """Whether requests speculate this step, with ``running`` sequences in the batch."""
-        return self.enabled and running <= self.max_running
+        return self.per_request(running) > 0
+
+    def per_request(self, running: int) -> int:
+        """Draft tokens each request may bring this step: ``k``, fewer as the batch fills
+        (the step's draft tokens stay within ``step_tokens``), none above ``max_running``.
+        A wider verifying pass costs about what a decode of that many more rows does, which
+        on a CPU is most of a step already at a few rows."""
+        if not self.enabled or running > self.max_running:
+            return 0
+        return min(self.k, self.step_tokens // max(1, running))
 
 
 def propose(tokens: Sequence[int], k: int, max_n: int, min_n: int = 1) -> list[int]:
