@@ -122,8 +122,11 @@ class _PagedCache:
 
 
 class _DenseCache:
-    """Duck-typed transformers cache for decode: ``update`` writes each row's one new token
-    into the pool and into the row's dense slot, and returns the dense slots as they are."""
+    """Duck-typed transformers cache for decode: ``update`` writes each row's new token
+    into the pool and into the row's dense slot, and returns the dense slots as they are.
+    Rows of several new tokens (speculation's verification, rows shorter than the longest
+    padded) name each written token's ``rows`` and ``cols``; ``positions`` and the write
+    blocks and offsets then are per written token."""
 
     def __init__(
         self,
@@ -134,14 +137,20 @@ class _DenseCache:
         write_offsets: torch.Tensor,
         positions: torch.Tensor,
         kv_len: int,
+        written: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     ) -> None:
         self.k_pool, self.v_pool = pools
         self.k_dense, self.v_dense = dense
         self.group_of = group_of  # layer → its KV group; write_blocks per group
         self.write_blocks, self.write_offsets = write_blocks, write_offsets
         self.positions = positions  # [rows]: where row r's new token goes (row r = slot r)
-        self.rows = torch.arange(len(positions), device=positions.device)
         self.kv_len = kv_len
+        if written is None:
+            self.rows = torch.arange(len(positions), device=positions.device)
+            self.cols: torch.Tensor | None = None
+            self.num_rows = len(positions)
+        else:
+            self.rows, self.cols, self.num_rows = written
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any
@@ -152,54 +161,15 @@ class _DenseCache:
             (self.k_pool[layer_idx], self.k_dense[layer_idx], key_states),
             (self.v_pool[layer_idx], self.v_dense[layer_idx], value_states),
         ):
-            token = new[:, :, 0]  # [rows, heads, dim]
+            # [tokens, heads, dim]
+            token = new[:, :, 0] if self.cols is None else new[self.rows, :, self.cols]
             pool[blocks, self.write_offsets] = token
             dense[self.rows, :, self.positions] = token
-            out.append(dense[: len(self.rows), :, : self.kv_len])
+            out.append(dense[: self.num_rows, :, : self.kv_len])
         return out[0], out[1]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv_len
-
-
-class _DenseRowsCache(_DenseCache):
-    """``_DenseCache`` for rows of several new tokens (speculation's verification): the
-    valid ``(row, column)`` tokens (``write_rows``, ``write_cols``; rows shorter than the
-    longest are padded) go to the pool and to their slot at ``positions``."""
-
-    def __init__(
-        self,
-        pools: Pools,
-        dense: Pools,
-        group_of: Sequence[int],
-        write_blocks: list[torch.Tensor],
-        write_offsets: torch.Tensor,
-        write: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        rows: int,
-        kv_len: int,
-    ) -> None:
-        self.k_pool, self.v_pool = pools
-        self.k_dense, self.v_dense = dense
-        self.group_of = group_of
-        self.write_blocks, self.write_offsets = write_blocks, write_offsets
-        self.write_rows, self.write_cols, self.positions = write
-        self.num_rows = rows
-        self.kv_len = kv_len
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = []
-        blocks = self.write_blocks[self.group_of[layer_idx]]
-        for pool, dense, new in (
-            (self.k_pool[layer_idx], self.k_dense[layer_idx], key_states),
-            (self.v_pool[layer_idx], self.v_dense[layer_idx], value_states),
-        ):
-            tokens = new[self.write_rows, :, self.write_cols]  # [valid, heads, dim]
-            pool[blocks, self.write_offsets] = tokens
-            dense[self.write_rows, :, self.positions] = tokens
-            out.append(dense[: self.num_rows, :, : self.kv_len])
-        return out[0], out[1]
 
 
 class _ShapeProbe:
@@ -606,15 +576,15 @@ class ModelRunner:
         flat = torch.tensor([w_rows, w_cols, w_pos, [p % bs for p in w_pos], *blocks])
         rows_t, cols_t, wpos_t, off_t, *blk_t = flat.to(dev).unbind(0)
         kv_len = max(it.start + len(it.token_ids) for it in items)
-        cache = _DenseRowsCache(
+        cache = _DenseCache(
             (self.k_pool, self.v_pool),
             (self._slots.k, self._slots.v),
             self._group_of,
             blk_t,
             off_t,
-            (rows_t, cols_t, wpos_t),
-            rows,
+            wpos_t,
             kv_len,
+            (rows_t, cols_t, rows),
         )
         mask = self._mask(pos_t, kv_len)
         assert self._direct is not None and isinstance(mask, torch.Tensor)
