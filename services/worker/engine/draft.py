@@ -11,15 +11,12 @@ only decides how many tokens a step keeps, never which."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
 from services.worker.engine.model_runner import ModelRunner, RunItem
-
-log = logging.getLogger(__name__)
 
 
 class DraftUnsupported(ValueError):
