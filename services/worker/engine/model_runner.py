@@ -526,15 +526,7 @@ class ModelRunner:
         host = torch.tensor([ids, pos, [p % bs for p in pos], *blocks], dtype=torch.long)
         ids_t, pos_t, off_t, *blk_t = host.to(dev).unbind(0)
         kv_len = max(pos) + 1
-        cache = _DenseCache(
-            (self.k_pool, self.v_pool),
-            (self._slots.k, self._slots.v),
-            self._group_of,
-            blk_t,
-            off_t,
-            pos_t,
-            kv_len,
-        )
+        cache = self._dense_cache(blk_t, off_t, pos_t, kv_len)
         ids_t, pos_t = ids_t.view(rows, 1), pos_t.view(rows, 1)
         direct = self._direct
         mask = self._mask(pos_t, kv_len) if direct is not None else None
@@ -545,6 +537,26 @@ class ModelRunner:
         if slot == sorted(slot):  # every item in the slot of its own index: rows in order
             return logits.float()
         return logits.float()[torch.tensor(slot, device=dev)]
+
+    def _dense_cache(
+        self,
+        blocks: list[torch.Tensor],
+        offsets: torch.Tensor,
+        positions: torch.Tensor,
+        kv_len: int,
+        written: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+    ) -> _DenseCache:
+        """The cache of a pass over the decode slots (see ``_DenseCache``)."""
+        return _DenseCache(
+            (self.k_pool, self.v_pool),
+            (self._slots.k, self._slots.v),
+            self._group_of,
+            blocks,
+            offsets,
+            positions,
+            kv_len,
+            written,
+        )
 
     def _verify(self, items: Sequence[RunItem], slot: list[int]) -> torch.Tensor:
         """A few new tokens per row (a decode and its draft), row ``slot[i]`` for item
@@ -576,16 +588,7 @@ class ModelRunner:
         flat = torch.tensor([w_rows, w_cols, w_pos, [p % bs for p in w_pos], *blocks])
         rows_t, cols_t, wpos_t, off_t, *blk_t = flat.to(dev).unbind(0)
         kv_len = max(it.start + len(it.token_ids) for it in items)
-        cache = _DenseCache(
-            (self.k_pool, self.v_pool),
-            (self._slots.k, self._slots.v),
-            self._group_of,
-            blk_t,
-            off_t,
-            wpos_t,
-            kv_len,
-            (rows_t, cols_t, rows),
-        )
+        cache = self._dense_cache(blk_t, off_t, wpos_t, kv_len, (rows_t, cols_t, rows))
         mask = self._mask(pos_t, kv_len)
         assert self._direct is not None and isinstance(mask, torch.Tensor)
         logits = self._direct.rows(ids_t, pos_t, mask, cache).float()
