@@ -117,6 +117,19 @@ def _greedy_request(prompt: str, max_tokens: int, topic: str) -> GenerateRequest
     )
 
 
+def _generate(model_dir: str, reqs: list[GenerateRequest], n: int) -> dict[str, list[int]]:
+    """Hugging Face ``generate``'s greedy ``n`` tokens for each request's prompt."""
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    out = {}
+    for r in reqs:
+        ids = tok(r.prompt, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            ref = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=[])
+        out[r.request_id] = ref[0, ids.shape[1] :].tolist()
+    return out
+
+
 async def test_kafka_producer_gets_completion_identical_to_hf_generate(
     stack: Stack, model_dir: str
 ) -> None:
@@ -127,12 +140,9 @@ async def test_kafka_producer_gets_completion_identical_to_hf_generate(
     assert got.keys() == {r.request_id for r in reqs}
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    reference = _generate(model_dir, reqs, 20)
     for r in reqs:
-        ids = tok(r.prompt, return_tensors="pt")["input_ids"]
-        with torch.inference_mode():
-            ref = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=[])
-        expected = ref[0, ids.shape[1] :].tolist()
+        expected = reference[r.request_id]
         c = got[r.request_id]
         assert c.token_ids == expected, r.prompt
         assert c.text == tok.decode(expected, skip_special_tokens=True)
@@ -205,13 +215,9 @@ async def test_draft_model_speculation_serves_the_tokens_of_plain_decoding(
     reqs = [_greedy_request(p, 24, bare.names.completions) for p in prompts]
     await _produce(bare, *(encode(r) for r in reqs))
     got = await _completions(bare, {r.request_id for r in reqs}, within_s=120)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    reference = _generate(model_dir, reqs, 24)
     for r in reqs:
-        ids = tok(r.prompt, return_tensors="pt")["input_ids"]
-        with torch.inference_mode():
-            ref = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=[])
-        assert got[r.request_id].token_ids == ref[0, ids.shape[1] :].tolist(), r.prompt
+        assert got[r.request_id].token_ids == reference[r.request_id], r.prompt
     await asyncio.sleep(1.5)  # a heartbeat refreshes the engine's counters
     metrics = await scrape(f"http://127.0.0.1:{bare.metrics_ports['worker']}/metrics")
     drafted = metrics["tw_spec_draft_tokens_total"]

@@ -315,7 +315,7 @@ class Engine:
         assert self.drafter is not None
         try:
             guesses = self.drafter.propose(wants)
-        except Exception as exc:
+        except Exception as exc:  # whatever the draft model's code raises, as in _forward
             log.warning("the draft model's pass failed, this step goes without drafts: %s", exc)
             return
         for seq in self.scheduler.running:
