@@ -303,6 +303,9 @@ def _prefix_cache(
 
 # Rounds of each kind, alternated, for the sampling-feature rows (medians reported).
 FEATURE_ROUNDS = 3
+# The same for speculation, whose ratios sit near 1 at 32 requests, where one round's
+# noise on a shared machine (10% and more) would otherwise decide the figure.
+SPEC_ROUNDS = 7
 
 
 def penalties(vocab: int) -> SamplingConfig:
@@ -358,15 +361,25 @@ def speculation(
     or with ``draft`` the draft model (``cfg.draft_k``) one request at a time on prompts
     of the chat mix; and ``cfg.spec_batch`` requests of the chat mix at once (speculation
     is off while the batch is fuller than the cap, then on for its tail)."""
-    if draft is None:
-        spec = replace(ecfg, speculation=SpecConfig(k=cfg.spec_k))
-    else:
-        spec = replace(ecfg, speculation=SpecConfig(k=cfg.draft_k, method="draft"))
     rng = random.Random(cfg.seed + 1)
     mix = Mix(Workload(output_tokens=(max(1, cfg.new_tokens // 4), cfg.new_tokens), seed=cfg.seed))
     chat = [mix.body() for _ in range(cfg.spec_batch)]
     chat_prompts = [tok(b["prompt"])["input_ids"] for b in chat]
     chat_new = [int(b["max_tokens"]) for b in chat]
+    # Room for the whole batch at once: a pool sized for the single-request rows would
+    # hold a few of the 32, and measure preemption instead of a batch under load.
+    ecfg = replace(
+        ecfg,
+        kv_budget_tokens=max(
+            ecfg.kv_budget_tokens,
+            sum(len(p) + n for p, n in zip(chat_prompts, chat_new, strict=True)) + 1024,
+        ),
+        max_running=max(ecfg.max_running, cfg.spec_batch),
+    )
+    if draft is None:
+        spec = replace(ecfg, speculation=SpecConfig(k=cfg.spec_k))
+    else:
+        spec = replace(ecfg, speculation=SpecConfig(k=cfg.draft_k, method="draft"))
     if draft is None:
         single = [
             tok(_extractive_text(rng, cfg.prompt_len))["input_ids"] for _ in range(cfg.spec_prompts)
@@ -406,7 +419,7 @@ def speculation(
         on: list[float] = []
         off: list[float] = []
         engine = None
-        for r in range(FEATURE_ROUNDS):
+        for r in range(SPEC_ROUNDS):
             for with_spec in (r % 2 == 0, r % 2 == 1):
                 rate, e = fn(spec if with_spec else ecfg)
                 (on if with_spec else off).append(rate)
@@ -418,6 +431,7 @@ def speculation(
             "plain_tok_s": statistics.median(off),
             "spec_vs_plain": statistics.median(on) / statistics.median(off),
             "spec_vs_plain_paired": _paired(on, off),
+            "round_ratios": [a / b for a, b in zip(on, off, strict=True)],
             "acceptance_rate": st.spec_accepted_tokens / max(1, st.spec_draft_tokens),
             "mean_accepted": st.spec_accepted_tokens / max(1, st.spec_verifications),
             "verifications": st.spec_verifications,
@@ -652,8 +666,8 @@ def print_table(rep: Report) -> None:
                 f"{name} (k={sp['k']}, at most {sp['step_tokens']} a step, off above "
                 f"{sp['max_running']} running), {what}: "
                 f"{f(r['spec_tok_s'])} vs {f(r['plain_tok_s'])} tok/s without "
-                f"({r['spec_vs_plain']:.2f}x, paired rounds {r['spec_vs_plain_paired']:.2f}x); "
-                f"acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "
+                f"({r['spec_vs_plain']:.2f}x, paired rounds {r['spec_vs_plain_paired']:.2f}x: "
+                f"{', '.join(f'{x:.2f}x' for x in r['round_ratios'])}); acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "
                 f"{r['mean_accepted']:.2f} tokens over {r['verifications']} drafts"
             )
     _print_rounds("engine vs generate", rep.overhead)

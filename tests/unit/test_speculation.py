@@ -440,6 +440,15 @@ def test_the_draft_catches_up_after_rejections_and_frees_its_blocks(
     again = kept.propose([DraftWant("a", tokens, 4)])["a"]
     fresh = DraftModel(draft_lm, vocab_size=lm[0].config.vocab_size, block_size=4, kv_tokens=96)
     assert again == fresh.propose([DraftWant("a", tokens, 4)])["a"]
+    # Every guess kept, then the target's own token: the first guessing pass catches up
+    # on both, beside a row that catches up on one.
+    other = (again[0] + 1) % lm[0].config.vocab_size
+    tokens_a, tokens_b = [*tokens, *again, other], [*tokens, other]
+    kept.propose([DraftWant("b", tokens, 4)])
+    both = kept.propose([DraftWant("a", tokens_a, 4), DraftWant("b", tokens_b, 4)])
+    for rid, toks in (("a", tokens_a), ("b", tokens_b)):
+        new = DraftModel(draft_lm, vocab_size=lm[0].config.vocab_size, block_size=4, kv_tokens=96)
+        assert both[rid] == new.propose([DraftWant(rid, toks, 4)])[rid], rid
     # "b" needs most of the pool: "a", idle this step, gives its blocks back.
     long = [*prompt, *prompt][:80]
     assert len(kept.propose([DraftWant("b", long, 4)])["b"]) == 4

@@ -100,6 +100,11 @@ class DirectDecoder:
         cos, sin = self._rotary(positions, x.dtype)
         (rows, width), d = input_ids.shape, self.head_dim
         group = self.heads // self.kv_heads
+        # The heads that share a KV head are packed onto it as extra queries (one mask row
+        # per query), never the KV heads repeated: a verifying pass otherwise copies each
+        # layer's keys and values ``group`` times. Bit-identical (``matches``).
+        if group > 1 and width > 1:
+            mask = mask.repeat(1, 1, group, 1)
         for i, lay in enumerate(self.layers):
             h = _rms(x, lay.norm1, lay.eps1)
             q = F.linear(h, *lay.q).view(rows, width, -1, d).transpose(1, 2)
@@ -108,12 +113,8 @@ class DirectDecoder:
             q = (q * cos) + (_rotate_half(q) * sin)
             k = (k * cos) + (_rotate_half(k) * sin)
             k, v = cache.update(k, v, i)
-            # transformers' SDPA path with a mask: for one query the heads are packed onto
-            # their KV head, for several the KV heads are repeated.
-            if group > 1 and width == 1:
-                q = q.reshape(rows, self.kv_heads, group, d)
-            elif group > 1:
-                k, v = _repeat_kv(k, group), _repeat_kv(v, group)
+            if group > 1:
+                q = q.reshape(rows, self.kv_heads, group * width, d)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
             a = a.reshape(rows, -1, width, d).transpose(1, 2).contiguous()
             x = x + F.linear(a.reshape(rows, width, -1).contiguous(), *lay.o)
@@ -201,12 +202,6 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
     return weight * (x * torch.rsqrt(variance + eps)).to(dtype)
-
-
-def _repeat_kv(x: torch.Tensor, group: int) -> torch.Tensor:
-    """``[rows, kv_heads, n, dim]`` → ``[rows, kv_heads * group, n, dim]``, as transformers."""
-    rows, heads, n, dim = x.shape
-    return x[:, :, None].expand(rows, heads, group, n, dim).reshape(rows, heads * group, n, dim)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

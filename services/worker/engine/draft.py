@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from services.worker.engine.model_runner import ModelRunner, RunItem
+import torch
+
+from services.worker.engine.model_runner import MAX_VERIFY_TOKENS, ModelRunner, RunItem
 
 
 class DraftUnsupported(ValueError):
@@ -120,10 +122,12 @@ class DraftModel:
         for w, st in zip(wants, states, strict=True):
             start = min(_common_prefix(st.ids, w.tokens), len(w.tokens) - 1)
             items.append(RunItem(w.tokens[start:], start, st.blocks, st.key))
-        # Rows with more than one token to catch up on (the whole guess was kept, or the
-        # request is new here) take them first, but the last: then every guessing pass
-        # is a one-token decode, which keeps its rows' KV from pass to pass.
-        behind = [i for i, it in enumerate(items) if len(it.token_ids) > 1]
+        # A row with more to catch up on than a verification pass takes (the request is
+        # new here) runs it first, all but its last token. Then the first guessing pass
+        # brings each row's tokens gained since its last guess (several where the target
+        # kept every guess): over the decode slots, as the target's verification, the
+        # last position's logits giving the first guess. Later passes are one-token decodes.
+        behind = [i for i, it in enumerate(items) if len(it.token_ids) > MAX_VERIFY_TOKENS]
         if behind:
             self.runner.forward(
                 [
@@ -139,7 +143,14 @@ class DraftModel:
         out: dict[str, list[int]] = {w.request_id: [] for w in wants}
         live = list(range(len(wants)))
         while live:
-            picks = self.runner.forward([items[i] for i in live]).argmax(dim=-1).tolist()
+            batch = [items[i] for i in live]
+            if any(len(it.token_ids) > 1 for it in batch):
+                every = self.runner.forward(batch, every_position=True)
+                last = torch.tensor([len(it.token_ids) - 1 for it in batch], device=every.device)
+                logits = every[torch.arange(len(batch), device=every.device), last]
+            else:
+                logits = self.runner.forward(batch)
+            picks = logits.argmax(dim=-1).tolist()
             nxt = []
             for i, tok in zip(live, picks, strict=True):
                 w, guesses = wants[i], out[wants[i].request_id]
