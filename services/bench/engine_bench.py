@@ -378,13 +378,11 @@ def speculation(
     )
     if draft is None:
         spec = replace(ecfg, speculation=SpecConfig(k=cfg.spec_k))
-    else:
-        spec = replace(ecfg, speculation=SpecConfig(k=cfg.draft_k, method="draft"))
-    if draft is None:
         single = [
             tok(_extractive_text(rng, cfg.prompt_len))["input_ids"] for _ in range(cfg.spec_prompts)
         ]
     else:
+        spec = replace(ecfg, speculation=SpecConfig(k=cfg.draft_k, method="draft"))
         single = chat_prompts[: cfg.spec_prompts]
 
     def engine_for(c: EngineConfig) -> Engine:
@@ -667,7 +665,8 @@ def print_table(rep: Report) -> None:
                 f"{sp['max_running']} running), {what}: "
                 f"{f(r['spec_tok_s'])} vs {f(r['plain_tok_s'])} tok/s without "
                 f"({r['spec_vs_plain']:.2f}x, paired rounds {r['spec_vs_plain_paired']:.2f}x: "
-                f"{', '.join(f'{x:.2f}x' for x in r['round_ratios'])}); acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "
+                f"{', '.join(f'{x:.2f}x' for x in r['round_ratios'])}); "
+                f"acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "
                 f"{r['mean_accepted']:.2f} tokens over {r['verifications']} drafts"
             )
     _print_rounds("engine vs generate", rep.overhead)
