@@ -45,9 +45,9 @@ class Grounder:
         metrics: RetrievalMetrics | None = None,
     ) -> None:
         self.metrics = metrics
-        model_dir = settings.embed_model_dir or None
+        model_dir, dtype = settings.embed_model_dir or None, settings.embed_dtype
         self.retriever = Retriever(
-            IndexStore(settings.index_root), lambda: load_embedder(model_dir)
+            IndexStore(settings.index_root), lambda: load_embedder(model_dir, dtype=dtype)
         )
         self.count: CountTokens = byte_count
         if tokenizer is not None:

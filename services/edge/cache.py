@@ -26,7 +26,8 @@ batcher's window or a worker, in one more round trip (the owner record and the e
 written together; the client is answered from the events). After an exact miss the
 semantic lookup embeds the prompt in a thread, batched with the lookups that arrive while
 one is computing (``semantic.py``), and writes a missed prompt's entry off the request's
-path; one text costs a forward pass (about 8 ms on one quiet CPU thread, traced), which
+path; one text costs a forward pass (about 9 ms on one quiet CPU thread traced in float32,
+4 ms in bfloat16 where the CPU has it: ``TW_EMBED_DTYPE``), which
 the batcher's window would amortise over a dispatch (``tokenwire bench index``: 3.9x
 cheaper per query at 16 per call) but only by serving hits from the batcher, after the
 window's wait. That is why the semantic cache is off by default.
@@ -387,8 +388,10 @@ def response_cache(
     if settings.semantic_cache:
         from services.edge.semantic import EmbedBatcher, SemanticCache, load_single_threaded
 
-        model_dir = settings.embed_model_dir or None
+        model_dir, dtype = settings.embed_model_dir or None, settings.embed_dtype
         semantic = SemanticCache(
-            settings, redis, EmbedBatcher(lambda: load_single_threaded(model_dir), words=True)
+            settings,
+            redis,
+            EmbedBatcher(lambda: load_single_threaded(model_dir, dtype), words=True),
         )
     return ResponseCache(settings, redis, metrics.registry, semantic)

@@ -84,7 +84,7 @@ class ScopeIndex:
                 del self.meta[i]
 
 
-def load_single_threaded(model_dir: str | None) -> Embedder:
+def load_single_threaded(model_dir: str | None, dtype: str = "auto") -> Embedder:
     """The embedder, with torch and FAISS on one thread each in this process: a lookup
     embeds one text and searches one vector, and on a busy host their thread pools cost
     far more than they give (measured on 2 loaded cores: 529 ms per text with torch's 2
@@ -96,9 +96,15 @@ def load_single_threaded(model_dir: str | None) -> Embedder:
 
     torch.set_num_threads(1)
     faiss.omp_set_num_threads(1)
-    embedder = load_embedder(model_dir)
+    embedder = load_embedder(model_dir, dtype=dtype)
     how = "traced" if embedder.traced else "eager (the trace failed or disagreed)"
-    log.info("embedder %s loaded from %s: %s", embedder.identity, embedder.model_dir, how)
+    log.info(
+        "embedder %s loaded from %s: %s, %s",
+        embedder.identity,
+        embedder.model_dir,
+        how,
+        embedder.dtype,
+    )
     return embedder
 
 

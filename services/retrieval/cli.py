@@ -55,7 +55,7 @@ def _store() -> tuple[IndexStore, CommonSettings]:
 def _embedder(settings: CommonSettings) -> Embedder:
     from shared.embedding import load_embedder
 
-    return load_embedder(settings.embed_model_dir or None)
+    return load_embedder(settings.embed_model_dir or None, dtype=settings.embed_dtype)
 
 
 def _report(verb: str, m: Manifest, started: float) -> None:

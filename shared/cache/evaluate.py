@@ -7,6 +7,11 @@ false hits among hits with a one-sided 95% upper bound, and the verifier
                                                  # guard alone beside it, and its cost
     python -m shared.cache.evaluate --alignment  # the guard with the word-alignment check
                                                  # (shared/cache/align.py) tuned with it
+    python -m shared.cache.evaluate --dtype bfloat16  # the verifier in use on vectors of
+                                                 # the embedder in bfloat16, as it serves
+                                                 # on CPUs that run that faster
+
+Tuning reads float32 vectors, the same on every CPU.
 """
 
 from __future__ import annotations
@@ -318,8 +323,14 @@ def main() -> None:
     parser.add_argument(
         "--alignment", action="store_true", help="tune and report with the word-alignment check"
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the embedder's arithmetic (default: float32, the tuning reference)",
+    )
     args = parser.parse_args()
-    embedder = load_embedder()
+    embedder = load_embedder(dtype=args.dtype)
     tuning = pairs("tuning")
     if args.alignment:
         held = pairs("held_out")

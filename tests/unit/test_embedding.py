@@ -1,5 +1,6 @@
 """The sentence embedder: deterministic unit vectors, paraphrases nearer than unrelated
-texts, batching that changes nothing, and an identity that follows the model's files."""
+texts, batching that changes nothing, an identity that follows the model's files, and
+bfloat16 arithmetic whose vectors agree with float32's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from shared.embedding import Embedder, EmbedderError, load_embedder, model_ident
 
 @pytest.fixture(scope="module")
 def embedder() -> Embedder:
-    return load_embedder()
+    return load_embedder(dtype="float32")
 
 
 def test_same_text_same_unit_vector(embedder: Embedder) -> None:
@@ -72,3 +73,30 @@ def test_word_vectors_come_with_the_same_sentence_vectors(embedder: Embedder) ->
     # A word's vector does not depend on the padding its batch needed.
     alone = embedder.embed_words(texts[1:2])[1][0]
     assert np.allclose(alone.vectors, words[1].vectors, atol=1e-4)
+
+
+def test_bfloat16_agrees_with_float32(embedder: Embedder) -> None:
+    """Forced bfloat16 (what "auto" picks on a CPU with native bfloat16 instructions):
+    sentence vectors within the agreement the choice checks, word vectors close, the same
+    identity (entries and indexes stay shared with float32 embedders)."""
+    bf16 = load_embedder(dtype="bfloat16")
+    assert bf16.dtype == "bfloat16" and bf16.identity == embedder.identity
+    texts = [
+        "How do I reverse a list in Python?",
+        "What is the chemical formula of table salt?",
+        "Hi!",
+        "Write a SQL query to get the second highest salary from the employees table.",
+    ]
+    want_pooled, want_words = embedder.embed_words(texts)
+    got_pooled, got_words = bf16.embed_words(texts)
+    assert got_pooled.dtype == np.float32
+    assert float((want_pooled * got_pooled).sum(axis=1).min()) >= 0.999
+    for want, got in zip(want_words, got_words, strict=True):
+        assert got.keys == want.keys
+        assert float((want.vectors * got.vectors).sum(axis=1).min()) >= 0.99
+
+
+def test_auto_picks_a_dtype_and_unknown_ones_are_refused(embedder: Embedder) -> None:
+    assert load_embedder().dtype in ("float32", "bfloat16")
+    with pytest.raises(EmbedderError, match="not one of"):
+        Embedder(embedder.model_dir, dtype="float16")
