@@ -1,14 +1,17 @@
 """The semantic cache's labelled set, written by hand: intents, each with paraphrases (any
-two of one intent should share an answer) and one-slot edits of its first text that must
-not (negation, antonym, another entity, another number).
+two of one intent should share an answer) and small edits of its first text that must not
+(negation, antonym, another entity, another number; in the held-out split also a
+restriction added, roles swapped, another kind of question).
 
 Two splits with no intent in common. The tuning split is every intent that was looked at
 while the guard (``guard.py``) and its threshold were written: ``INTENTS`` (40), then
-``SEEN_HELD_OUT_INTENTS`` (20) and ``SEEN_LATER_INTENTS`` (40), each once a held-out set
-whose false hits were read and taught the guard something (quantifiers such as "all",
-superlatives, words of one kind, "when" against "where", a count against the thing
-counted), so no longer held out. ``HELD_OUT_INTENTS`` (40) were written after the guard
-and the threshold were fixed, and only measure them. ``pairs(split)`` expands a split into
+``SEEN_HELD_OUT_INTENTS`` (20), ``SEEN_LATER_INTENTS`` (40) and ``SEEN_VERIFIER_INTENTS``
+(40), each once a held-out set whose false hits were read and taught the guard something
+(quantifiers such as "all", superlatives, words of one kind, "when" against "where", a
+count against the thing counted, "unset" against "set", "from" read backwards), so no
+longer held out. Those were all written by the hand that wrote the guard.
+``HELD_OUT_INTENTS`` (79) were written by others, who had seen neither the guard nor the
+verifier, after both were fixed: they only measure them. ``pairs(split)`` expands a split into
 labelled pairs: every two paraphrases of an intent are positives; every edit against every
 paraphrase of its intent, and the first text of each intent against the next intent's, are
 negatives.
@@ -1328,7 +1331,7 @@ SEEN_LATER_INTENTS: list[tuple[list[str], dict[str, list[str]]]] = [
     ),
 ]
 
-HELD_OUT_INTENTS: list[tuple[list[str], dict[str, list[str]]]] = [
+SEEN_VERIFIER_INTENTS: list[tuple[list[str], dict[str, list[str]]]] = [
     (
         [
             "How do I list the files in a directory in Python?",
@@ -1852,11 +1855,1236 @@ HELD_OUT_INTENTS: list[tuple[list[str], dict[str, list[str]]]] = [
 ]
 
 
+# Written for this split by hands that had not seen the guard, the verifier or their
+# figures: programming and computing (40), then general questions and everyday how-to (39;
+# one more was dropped before any figure was read: its first text is a tuning edit).
+HELD_OUT_INTENTS: list[tuple[list[str], dict[str, list[str]]]] = [
+    (
+        [
+            "How do I check whether a file exists in Python?",
+            "What's the way to test if a file exists using Python?",
+            "Python: how can I tell if a file is present on disk?",
+            "Check if a file exists in Python: how?",
+            "Show me how to find out whether a given file exists with Python.",
+        ],
+        {
+            "entity": ["How do I check whether a file exists in Bash?"],
+            "restriction": ["How do I check whether a file exists in an S3 bucket in Python?"],
+            "question": [
+                "Why does checking whether a file exists in Python lead to race conditions?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I flatten a list of lists into a single list in Python?",
+            "What's the best way to turn a nested list into a flat list in Python?",
+            "Python: flatten a list of lists, how?",
+            "How can I convert a list of lists to one flat list using Python?",
+            "Show me how to merge a list of lists into one single list in Python.",
+        ],
+        {
+            "order": ["How do I split a single list into a list of lists in Python?"],
+            "restriction": [
+                "How do I flatten an arbitrarily deeply nested list into a single list in Python?"
+            ],
+        },
+    ),
+    (
+        [
+            "Write a Python function that counts how often each word appears in a text file.",
+            "Write a Python function to compute the frequency of every word in a text file.",
+            "I need a Python function that tallies the occurrences of each word in a text file.",
+            "Create a function in Python that returns a count for each word found in a text file.",
+            "Python: write a function counting the number of times each word occurs in a text file.",
+        ],
+        {
+            "restriction": [
+                "Write a Python function that counts how often each word appears in a text file, ignoring case and punctuation."
+            ],
+            "number": [
+                "Write a Python function that returns the 10 most frequent words in a text file."
+            ],
+            "question": [
+                "Write a Python function that counts how many words a text file contains."
+            ],
+        },
+    ),
+    (
+        [
+            "Write a Python function that checks whether a string is a palindrome.",
+            "Create a Python function to test if a string reads the same forwards and backwards.",
+            "I need a function in Python that tells me whether a given string is a palindrome.",
+            "Python function to determine if a string is a palindrome?",
+            "Write Python code for a function that returns True if a string is a palindrome and False otherwise.",
+        ],
+        {
+            "entity": ["Write a JavaScript function that checks whether a string is a palindrome."],
+            "restriction": [
+                "Write a Python function that checks whether a string is a palindrome, ignoring spaces and punctuation."
+            ],
+            "negation": [
+                "Write a Python function that checks whether a string is a palindrome without reversing it."
+            ],
+        },
+    ),
+    (
+        [
+            "How do I load a JSON file into a dictionary in Python?",
+            "How can I read a JSON file into a Python dict?",
+            "What's the way to parse a JSON file as a dictionary using Python?",
+            "Python: reading a JSON file into a dict, how?",
+            "Show me how to open a .json file and get its contents as a Python dictionary.",
+        ],
+        {
+            "antonym": ["How do I save a dictionary to a JSON file in Python?"],
+            "entity": ["How do I load a YAML file into a dictionary in Python?"],
+        },
+    ),
+    (
+        [
+            "How do I get the last 3 elements of a list in Python?",
+            "How can I take the final three items of a Python list?",
+            "What's the way to slice out the last 3 entries of a list in Python?",
+            "Python: get the last three elements from a list?",
+            "Show me how to grab the 3 last items of a list using Python.",
+        ],
+        {
+            "number": ["How do I get the last 5 elements of a list in Python?"],
+            "antonym": ["How do I get the first 3 elements of a list in Python?"],
+        },
+    ),
+    (
+        [
+            "How do I compute the SHA-256 hash of a file in Python?",
+            "How can I calculate a file's SHA-256 digest using Python?",
+            "Python: get the SHA256 checksum of a file, how?",
+            "What's the way to hash a file with SHA-256 in Python?",
+            "Show me how to generate the SHA-256 hash for a file using Python.",
+        ],
+        {
+            "number": ["How do I compute the SHA-512 hash of a file in Python?"],
+            "question": ["Is SHA-256 safe to use for hashing passwords in Python?"],
+        },
+    ),
+    (
+        [
+            "How do I deep copy an object in JavaScript?",
+            "What's the way to make a deep clone of a JavaScript object?",
+            "JavaScript: how can I create a deep copy of an object?",
+            "How to clone an object deeply in JS?",
+            "Show me how to duplicate a JavaScript object including all of its nested properties.",
+        ],
+        {
+            "antonym": ["How do I shallow copy an object in JavaScript?"],
+            "entity": ["How do I deep copy an object in Python?"],
+            "question": [
+                "What is the difference between a deep copy and a shallow copy in JavaScript?"
+            ],
+        },
+    ),
+    (
+        [
+            "Write a JavaScript debounce function that delays calls by 300 milliseconds.",
+            "Create a debounce function in JavaScript with a 300 ms delay.",
+            "I need a JS function that debounces calls, waiting 300 milliseconds.",
+            "Write a debounce helper in JavaScript that postpones execution by 300ms.",
+            "JavaScript: implement debouncing with a 300 millisecond wait.",
+        ],
+        {
+            "entity": [
+                "Write a JavaScript throttle function that limits calls to once every 300 milliseconds."
+            ],
+            "number": ["Write a JavaScript debounce function that delays calls by 2 seconds."],
+        },
+    ),
+    (
+        [
+            "How do I send a POST request with a JSON body using fetch in JavaScript?",
+            "How can I make a POST request with JSON data via the fetch API in JS?",
+            "JavaScript fetch: how to POST a JSON payload?",
+            "What's the way to use fetch() to send JSON in a POST request?",
+            "Show me how to post JSON to an API with fetch in JavaScript.",
+        ],
+        {
+            "entity": ["How do I send a POST request with a JSON body using axios in JavaScript?"],
+            "negation": [
+                "How do I send a POST request with a JSON body in JavaScript without using fetch?"
+            ],
+            "question": [
+                "Why does my fetch POST request with a JSON body trigger a CORS preflight in JavaScript?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I convert a JSON string to an object in JavaScript?",
+            "How can I parse a JSON string into a JavaScript object?",
+            "JavaScript: turn a JSON string into an object, how?",
+            "What's the way to deserialize JSON text into a JS object?",
+            "Show me how to change a string of JSON into an object in JavaScript.",
+        ],
+        {
+            "order": ["How do I convert an object to a JSON string in JavaScript?"],
+            "restriction": [
+                "How do I convert a JSON string to an object in JavaScript with date strings revived as Date objects?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I remove an element from an array by its index in JavaScript?",
+            "How can I delete the item at a given index from a JavaScript array?",
+            "JavaScript: remove the array element at a specific index?",
+            "What's the way to take out an array entry by its position in JS?",
+            "Show me how to drop the element at index i from an array in JavaScript.",
+        ],
+        {
+            "antonym": ["How do I insert an element into an array at a given index in JavaScript?"],
+            "negation": [
+                "How do I remove an element from an array by its index in JavaScript without mutating the original array?"
+            ],
+        },
+    ),
+    (
+        [
+            "Write an SQL query that finds duplicate email addresses in the users table.",
+            "Give me a SQL query to list email addresses that appear more than once in the users table.",
+            "SQL: how do I find repeated emails in a users table?",
+            "How can I detect duplicate emails in the users table using SQL?",
+            "Write a query in SQL to show which emails occur multiple times in users.",
+        ],
+        {
+            "antonym": [
+                "Write an SQL query that deletes duplicate email addresses in the users table."
+            ],
+            "number": [
+                "Write an SQL query that finds email addresses appearing more than 3 times in the users table."
+            ],
+            "negation": [
+                "Write an SQL query that finds email addresses that are not duplicated in the users table."
+            ],
+        },
+    ),
+    (
+        [
+            "Write a SQL query to get the second highest salary from the employees table.",
+            "How do I find the 2nd largest salary in an employees table with SQL?",
+            "SQL query for the second-highest salary in employees?",
+            "Give me a query that returns the second biggest salary from the employees table.",
+            "Using SQL, how can I select the second highest salary among employees?",
+        ],
+        {
+            "number": [
+                "Write a SQL query to get the third highest salary from the employees table."
+            ],
+            "antonym": [
+                "Write a SQL query to get the second lowest salary from the employees table."
+            ],
+            "restriction": [
+                "Write a SQL query to get the second highest salary in each department from the employees table."
+            ],
+            "negation": [
+                "Write a SQL query to get the second highest salary from the employees table without using LIMIT."
+            ],
+        },
+    ),
+    (
+        [
+            "Explain the difference between LEFT JOIN and INNER JOIN in SQL.",
+            "What is the difference between an inner join and a left join in SQL?",
+            "How does a SQL LEFT JOIN differ from an INNER JOIN?",
+            "LEFT JOIN vs INNER JOIN in SQL: what's the difference?",
+            "Can you explain how INNER JOIN and LEFT JOIN differ in SQL?",
+        ],
+        {
+            "entity": ["Explain the difference between LEFT JOIN and FULL OUTER JOIN in SQL."],
+            "question": ["Explain when a LEFT JOIN is slower than an INNER JOIN in SQL."],
+        },
+    ),
+    (
+        [
+            "How do I create an index on a column in PostgreSQL?",
+            "What's the syntax to add an index to a column in Postgres?",
+            "PostgreSQL: how can I index a column?",
+            "How to build an index on a table column in PostgreSQL?",
+            "Show me how to create a column index in a Postgres table.",
+        ],
+        {
+            "antonym": ["How do I drop an index on a column in PostgreSQL?"],
+            "entity": ["How do I create an index on a column in MongoDB?"],
+            "question": [
+                "How do I check whether an index on a column is being used in PostgreSQL?"
+            ],
+            "negation": [
+                "How do I create an index on a column in PostgreSQL without locking the table?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I move rows older than 30 days from the orders table into the orders_archive table in MySQL?",
+            "What's the MySQL query to move records more than 30 days old from orders to orders_archive?",
+            "MySQL: how can I transfer rows older than 30 days out of the orders table and into orders_archive?",
+            "How to archive the orders rows that are over 30 days old into the orders_archive table in MySQL?",
+            "Show me how to move all rows older than thirty days from orders into orders_archive using MySQL.",
+        ],
+        {
+            "order": [
+                "How do I move rows older than 30 days from the orders_archive table into the orders table in MySQL?"
+            ],
+            "number": [
+                "How do I move rows older than 90 days from the orders table into the orders_archive table in MySQL?"
+            ],
+            "antonym": [
+                "How do I move rows newer than 30 days from the orders table into the orders_archive table in MySQL?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I delete a remote branch in git?",
+            "What's the git command to remove a branch on the remote?",
+            "Git: how can I delete a branch from the remote repository?",
+            "How to remove a remote git branch?",
+            "Show me how to get rid of a branch on the remote with git.",
+        ],
+        {
+            "antonym": ["How do I delete a local branch in git?"],
+            "question": [
+                "Why does deleting a remote branch in git leave it visible in other clones?"
+            ],
+            "restriction": ["How do I delete all merged remote branches in git?"],
+        },
+    ),
+    (
+        [
+            "How do I merge the feature branch into main in git?",
+            "What's the way to merge branch feature into main with git?",
+            "Git: merge feature into main, how?",
+            "How can I bring the changes from the feature branch into main using git merge?",
+            "Show me the git commands to merge my feature branch into the main branch.",
+        ],
+        {
+            "order": ["How do I merge the main branch into feature in git?"],
+            "entity": ["How do I rebase the feature branch onto main in git?"],
+        },
+    ),
+    (
+        [
+            "How do I stash my uncommitted changes in git?",
+            "How can I temporarily save uncommitted changes with git stash?",
+            "Git: how to stash local changes I haven't committed?",
+            "What's the way to put my uncommitted work aside in git?",
+            "Show me how to stash changes that are not yet committed in git.",
+        ],
+        {
+            "antonym": ["How do I restore my stashed changes in git?"],
+            "restriction": [
+                "How do I stash my uncommitted changes including untracked files in git?"
+            ],
+            "negation": [
+                "How do I stash my uncommitted changes in git without stashing the staged ones?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I copy a single file from the develop branch into my current branch in git?",
+            "What's the git command to bring one file over from the develop branch into the branch I'm on?",
+            "Git: how can I grab a single file from develop and put it in my current branch?",
+            "How to check out just one file from the develop branch into my current branch with git?",
+            "Show me how to take one file from the develop branch and copy it into my current git branch.",
+        ],
+        {
+            "order": [
+                "How do I copy a single file from my current branch into the develop branch in git?"
+            ],
+            "negation": [
+                "How do I copy a single file from the develop branch into my current branch in git without staging it?"
+            ],
+            "question": [
+                "How do I compare a single file between the develop branch and my current branch in git?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I find files larger than 100 MB in Linux?",
+            "What command lists files bigger than 100MB on Linux?",
+            "Linux: search for files over 100 MB in size, how?",
+            "How can I locate all files exceeding 100 megabytes on a Linux system?",
+            "Show me how to find every file above 100 MB using the Linux command line.",
+        ],
+        {
+            "number": ["How do I find files larger than 100 KB in Linux?"],
+            "antonym": ["How do I find files smaller than 100 MB in Linux?"],
+            "restriction": [
+                "How do I find files larger than 100 MB modified in the last week in Linux?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I count the number of lines in a file from the shell?",
+            "What shell command counts the lines in a file?",
+            "Shell: how can I get the line count of a file?",
+            "How to find out how many lines a file has in the terminal?",
+            "Show me how to count a file's lines on the command line.",
+        ],
+        {
+            "restriction": [
+                "How do I count the number of non-empty lines in a file from the shell?"
+            ],
+            "entity": ["How do I count the number of words in a file from the shell?"],
+            "negation": [
+                "How do I count the number of lines that do not contain 'error' in a file from the shell?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I replace a string in all .txt files in a directory using sed?",
+            "Using sed, how can I substitute a string in every .txt file in a folder?",
+            "sed: find and replace text across all .txt files in a directory?",
+            "What's the sed command to replace a word in all the .txt files of a directory?",
+            "Show me how to do a search-and-replace with sed over every .txt file in a directory.",
+        ],
+        {
+            "restriction": [
+                "How do I replace a string in all .txt files in a directory and all its subdirectories using sed?"
+            ],
+            "negation": [
+                "How do I replace a string in all .txt files in a directory using sed without modifying the original files?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I copy a file from a remote server to my local machine with scp?",
+            "What's the scp command to download a file from a remote server to my computer?",
+            "scp: how to copy a file from a server onto my local machine?",
+            "How can I use scp to transfer a file from a remote host to my local computer?",
+            "Show me how to pull a file from a remote server down to my laptop using scp.",
+        ],
+        {
+            "order": ["How do I copy a file from my local machine to a remote server with scp?"],
+            "entity": ["How do I copy a file from a remote server to my local machine with rsync?"],
+        },
+    ),
+    (
+        [
+            "How do I make a shell script executable on Linux?",
+            "What command makes a bash script executable in Linux?",
+            "Linux: how can I give a script execute permission?",
+            "How to set the executable bit on a shell script in Linux?",
+            "Show me how to make my .sh script runnable on Linux.",
+        ],
+        {
+            "antonym": ["How do I remove execute permission from a shell script on Linux?"],
+            "restriction": ["How do I make a shell script executable only for its owner on Linux?"],
+        },
+    ),
+    (
+        [
+            "How do I schedule a script to run every day at 3 AM with cron?",
+            "What's the crontab entry to run a script daily at 3 am?",
+            "cron: how can I run a script each day at 03:00?",
+            "How to set up a cron job that executes a script at 3 AM every day?",
+            "Show me how to make cron launch a script every morning at 3:00.",
+        ],
+        {
+            "number": [
+                "How do I schedule a script to run every day at 5 AM with cron?",
+                "How do I schedule a script to run every 3 hours with cron?",
+            ],
+            "restriction": ["How do I schedule a script to run every weekday at 3 AM with cron?"],
+        },
+    ),
+    (
+        [
+            "How do I extract a .tar.gz file in Linux?",
+            "What's the command to unpack a tar.gz archive on Linux?",
+            "Linux: how can I decompress a .tar.gz file?",
+            "How to untar a .tar.gz archive in Linux?",
+            "Show me how to extract the contents of a tar.gz on the Linux command line.",
+        ],
+        {
+            "antonym": ["How do I create a .tar.gz file in Linux?"],
+            "entity": ["How do I extract a .zip file in Linux?"],
+        },
+    ),
+    (
+        [
+            "How do I remove all stopped Docker containers?",
+            "What's the command to delete every stopped container in Docker?",
+            "Docker: clean up all exited containers, how?",
+            "How can I get rid of all the stopped containers in Docker?",
+            "Show me how to prune stopped Docker containers.",
+        ],
+        {
+            "antonym": ["How do I remove all running Docker containers?"],
+            "number": ["How do I remove all stopped Docker containers older than 24 hours?"],
+            "restriction": [
+                "How do I remove all stopped Docker containers along with their volumes?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I copy a file from a Docker container to the host?",
+            "How can I get a file out of a Docker container onto my host machine?",
+            "Docker: copy a file from inside a container to the host, how?",
+            "What's the command to transfer a file from a container to the host in Docker?",
+            "Show me how to pull a file from a Docker container onto the host filesystem.",
+        ],
+        {
+            "order": ["How do I copy a file from the host to a Docker container?"],
+            "entity": ["How do I copy a file from a Kubernetes pod to the host?"],
+            "question": [
+                "Why does copying a file from a Docker container to the host fail with permission denied?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I forward local port 8080 to port 80 on a remote server using SSH?",
+            "What's the SSH command to tunnel my local port 8080 to port 80 on a remote host?",
+            "SSH local port forwarding: how do I map localhost:8080 to port 80 on a remote server?",
+            "How can I use ssh to forward port 8080 on my machine to port 80 of a remote server?",
+            "Show me how to set up an SSH tunnel from local port 8080 to remote port 80.",
+        ],
+        {
+            "order": [
+                "How do I forward port 8080 on a remote server to port 80 on my local machine using SSH?"
+            ],
+            "number": ["How do I forward local port 3000 to port 80 on a remote server using SSH?"],
+            "question": [
+                "Why does forwarding local port 8080 to port 80 on a remote server using SSH fail with 'Address already in use'?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I scale a Kubernetes deployment to 3 replicas?",
+            "What's the kubectl command to scale a deployment to three replicas?",
+            "Kubernetes: how can I set a deployment's replica count to 3?",
+            "How to change the number of replicas of a Kubernetes deployment to 3?",
+            "Show me how to scale a deployment in Kubernetes so it runs 3 replicas.",
+        ],
+        {
+            "number": ["How do I scale a Kubernetes deployment to 5 replicas?"],
+            "entity": ["How do I scale a Docker Compose service to 3 replicas?"],
+        },
+    ),
+    (
+        [
+            "How do I view the logs of a pod in Kubernetes?",
+            "What's the kubectl command to see a pod's logs?",
+            "Kubernetes: how can I check the logs of a pod?",
+            "How to print the log output of a Kubernetes pod?",
+            "Show me how to read the logs from a pod with kubectl.",
+        ],
+        {
+            "restriction": [
+                "How do I view the logs of a specific container in a multi-container pod in Kubernetes?"
+            ],
+            "number": ["How do I view the last 100 lines of the logs of a pod in Kubernetes?"],
+            "question": ["How long does Kubernetes keep the logs of a pod?"],
+        },
+    ),
+    (
+        [
+            "Write a regex to validate an email address.",
+            "Give me a regular expression that checks whether an email address is valid.",
+            "What regex can I use to validate email addresses?",
+            "Regex for email address validation?",
+            "I need a regular expression pattern that validates an email.",
+        ],
+        {
+            "entity": ["Write a regex to validate a URL."],
+            "question": ["Why is it a bad idea to validate an email address with a regex?"],
+        },
+    ),
+    (
+        [
+            "Write a regular expression that matches a date in YYYY-MM-DD format.",
+            "Give me a regex for dates formatted as YYYY-MM-DD.",
+            "What regex matches a date like 2024-01-31 in YYYY-MM-DD form?",
+            "I need a regular expression to match dates in the YYYY-MM-DD format.",
+            "Regex pattern for matching YYYY-MM-DD dates?",
+        ],
+        {
+            "order": ["Write a regular expression that matches a date in DD-MM-YYYY format."],
+            "restriction": [
+                "Write a regular expression that matches only valid calendar dates in YYYY-MM-DD format, including leap years."
+            ],
+        },
+    ),
+    (
+        [
+            "What port does HTTPS use by default?",
+            "Which port number is the default for HTTPS?",
+            "HTTPS default port?",
+            "By default, what port does HTTPS run on?",
+            "Tell me the standard port used by HTTPS.",
+        ],
+        {
+            "entity": ["What port does SSH use by default?"],
+            "question": ["Why does HTTPS use a different default port than HTTP?"],
+        },
+    ),
+    (
+        [
+            "How do I find my public IP address from the Linux command line?",
+            "What command shows my public IP address in a Linux terminal?",
+            "Linux terminal: how can I get my external IP address?",
+            "How to check the public IP of my machine using the Linux command line?",
+            "Show me how to look up my external IP from a Linux shell.",
+        ],
+        {
+            "antonym": ["How do I find my private IP address from the Linux command line?"],
+            "restriction": ["How do I find my public IPv6 address from the Linux command line?"],
+        },
+    ),
+    (
+        [
+            "How do I use VLOOKUP to pull values from Sheet2 into Sheet1 in Excel?",
+            "How can I write a VLOOKUP in Sheet1 that looks up values in Sheet2 in Excel?",
+            "Excel: VLOOKUP data from Sheet2 into Sheet1, how?",
+            "What's the way to bring values from Sheet2 into Sheet1 with VLOOKUP in Excel?",
+            "Show me an Excel VLOOKUP formula on Sheet1 that fetches matching values from Sheet2.",
+        ],
+        {
+            "order": ["How do I use VLOOKUP to pull values from Sheet1 into Sheet2 in Excel?"],
+            "restriction": [
+                "How do I use VLOOKUP to pull values from Sheet2 into Sheet1 in Excel and show a blank when there is no match?"
+            ],
+            "question": [
+                "Why does my VLOOKUP pulling values from Sheet2 into Sheet1 in Excel return #N/A?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I count cells greater than 100 in a range in Excel?",
+            "What Excel formula counts the cells in a range with values above 100?",
+            "Excel: how can I count how many cells in a range exceed 100?",
+            "How to get the number of cells over 100 in an Excel range?",
+            "Show me how to count the cells in a range whose value is more than 100 in Excel.",
+        ],
+        {
+            "antonym": ["How do I count cells less than 100 in a range in Excel?"],
+            "negation": ["How do I count cells not greater than 100 in a range in Excel?"],
+            "restriction": [
+                "How do I count cells greater than 100 and less than 200 in a range in Excel?"
+            ],
+            "question": [
+                "Why does counting cells greater than 100 in a range in Excel return 0 for numbers stored as text?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I convert a YAML file to JSON in Python?",
+            "What's the way to turn a YAML file into JSON using Python?",
+            "Python: YAML to JSON conversion, how?",
+            "How can I transform a .yaml file into a .json file with Python?",
+            "Show me Python code that reads a YAML file and writes it out as JSON.",
+        ],
+        {
+            "order": ["How do I convert a JSON file to YAML in Python?"],
+            "entity": ["How do I convert a TOML file to JSON in Python?"],
+            "negation": [
+                "How do I convert a YAML file to JSON in Python without installing any third-party library?"
+            ],
+        },
+    ),
+    (
+        [
+            "When did the Titanic sink?",
+            "What year did the Titanic go down?",
+            "Tell me when the Titanic sank.",
+            "The Titanic sank in which year?",
+            "On what date did the RMS Titanic sink in the Atlantic?",
+        ],
+        {
+            "question": [
+                "Why did the Titanic sink?",
+                "How many people died when the Titanic sank?",
+            ],
+            "entity": ["When did the Lusitania sink?"],
+        },
+    ),
+    (
+        [
+            "Who was the first woman to win a Nobel Prize?",
+            "Which woman won a Nobel Prize first?",
+            "Name the first female Nobel Prize winner.",
+            "Who became the first female Nobel laureate in history?",
+            "Tell me who was the very first woman ever to be awarded a Nobel Prize.",
+        ],
+        {
+            "restriction": [
+                "Who was the first woman to win the Nobel Peace Prize?",
+                "Who was the first American woman to win a Nobel Prize?",
+            ],
+            "number": ["Who was the second woman to win a Nobel Prize?"],
+            "question": ["In what year did the first woman win a Nobel Prize?"],
+        },
+    ),
+    (
+        [
+            "What caused the extinction of the dinosaurs?",
+            "Why did the dinosaurs go extinct?",
+            "What wiped out the dinosaurs?",
+            "Explain what killed off the dinosaurs.",
+            "What event led to the dinosaurs dying out millions of years ago?",
+        ],
+        {
+            "question": ["When did the extinction of the dinosaurs happen?"],
+            "entity": ["What caused the extinction of the woolly mammoths?"],
+            "antonym": ["What caused the rise of the dinosaurs?"],
+        },
+    ),
+    (
+        [
+            "How many teeth does an adult human have?",
+            "How many teeth do grown-ups normally have?",
+            "What is the usual number of teeth in an adult's mouth?",
+            "Tell me how many teeth a full-grown person has.",
+            "An adult person has how many teeth in total?",
+        ],
+        {
+            "restriction": [
+                "How many teeth does a human child have?",
+                "How many teeth does an adult human have in the upper jaw?",
+            ],
+            "entity": ["How many teeth does an adult dog have?"],
+            "negation": ["How many teeth does an adult human have without wisdom teeth?"],
+        },
+    ),
+    (
+        [
+            "What is the longest river in South America?",
+            "Which river in South America is the longest?",
+            "Name the longest river on the South American continent.",
+            "What's South America's longest river?",
+            "Tell me which South American river is the longest one.",
+        ],
+        {
+            "number": ["What is the second longest river in South America?"],
+            "antonym": ["What is the shortest river in South America?"],
+            "question": ["How long is the longest river in South America?"],
+        },
+    ),
+    (
+        [
+            "When was the Great Wall of China built?",
+            "In what period was the Great Wall of China constructed?",
+            "When did the Chinese build the Great Wall?",
+            "Tell me when construction of the Great Wall of China took place.",
+            "What era does the building of the Great Wall of China date from?",
+        ],
+        {
+            "question": [
+                "Why was the Great Wall of China built?",
+                "How long is the Great Wall of China?",
+            ],
+            "entity": ["When was the Colosseum built?"],
+        },
+    ),
+    (
+        [
+            "How does photosynthesis work in plants?",
+            "Explain how plants carry out photosynthesis.",
+            "What is the process of photosynthesis in plants?",
+            "How do plants perform photosynthesis?",
+            "Can you describe how photosynthesis happens inside a plant?",
+        ],
+        {
+            "entity": ["How does cellular respiration work in plants?"],
+            "negation": ["How does photosynthesis work in plants without sunlight?"],
+            "question": ["Why is photosynthesis important for plants?"],
+        },
+    ),
+    (
+        [
+            "What is the chemical symbol for sodium?",
+            "Which chemical symbol stands for sodium?",
+            "What's the element symbol of sodium on the periodic table?",
+            "Give me the chemical symbol of sodium.",
+            "How is sodium written as a chemical symbol?",
+        ],
+        {
+            "restriction": ["What is the chemical symbol for sodium chloride?"],
+            "question": ["What is the atomic number for sodium?"],
+        },
+    ),
+    (
+        [
+            "How long does it take the Earth to orbit the Sun?",
+            "How much time does Earth need to go around the Sun once?",
+            "What is the length of one orbit of the Earth around the Sun?",
+            "Tell me how long a single trip of our planet around the Sun takes.",
+            "How long is the Earth's orbital period around the Sun?",
+        ],
+        {
+            "entity": ["How long does it take Mars to orbit the Sun?"],
+            "antonym": ["How long does it take the Earth to spin on its axis?"],
+        },
+    ),
+    (
+        [
+            "Who wrote the Declaration of Independence?",
+            "Who was the author of the Declaration of Independence?",
+            "Which person drafted the US Declaration of Independence?",
+            "Tell me who authored the American Declaration of Independence.",
+            "The Declaration of Independence was written by whom?",
+        ],
+        {
+            "question": ["When was the Declaration of Independence signed?"],
+            "entity": ["Who wrote the Communist Manifesto?"],
+        },
+    ),
+    (
+        [
+            "Why do leaves change color in autumn?",
+            "Why do tree leaves turn red and yellow in the fall?",
+            "What makes leaves change colour in autumn?",
+            "Explain why leaves turn different colors every autumn.",
+            "What is the reason that the leaves on trees change their color during the fall season?",
+        ],
+        {
+            "negation": ["Why do some leaves not change color in autumn?"],
+            "antonym": ["Why do leaves turn green in spring?"],
+        },
+    ),
+    (
+        [
+            "What causes a solar eclipse?",
+            "Why does a solar eclipse happen?",
+            "Explain what produces an eclipse of the Sun.",
+            "How does a solar eclipse occur?",
+            "What is the reason behind a solar eclipse?",
+        ],
+        {
+            "entity": ["What causes a lunar eclipse?"],
+            "question": ["How often does a solar eclipse happen?"],
+        },
+    ),
+    (
+        [
+            "How much bigger is Jupiter than Earth?",
+            "How many times larger is Jupiter compared to Earth?",
+            "By how much does Jupiter's size exceed Earth's?",
+            "Compare the size of Jupiter with the size of Earth: how much larger is it?",
+            "Tell me how much larger Jupiter is than our Earth.",
+        ],
+        {
+            "order": ["How much bigger is Earth than Jupiter?"],
+            "restriction": ["How much bigger is Jupiter than Earth in mass?"],
+            "question": ["How far is Jupiter from Earth?"],
+        },
+    ),
+    (
+        [
+            "What time is it in Tokyo when it is noon in London?",
+            "If it's 12 pm in London, what time is it in Tokyo?",
+            "When it's midday in London, what's the time in Tokyo?",
+            "Tell me the Tokyo time when the clocks show noon in London.",
+            "At noon London time, what time will it be over in Tokyo?",
+        ],
+        {
+            "order": ["What time is it in London when it is noon in Tokyo?"],
+            "number": ["What time is it in Tokyo when it is 6 pm in London?"],
+            "entity": ["What time is it in Sydney when it is noon in London?"],
+        },
+    ),
+    (
+        [
+            "How long should I let a steak rest after grilling it?",
+            "After grilling a steak, how long should it rest?",
+            "What's the right resting time for a steak once it comes off the grill?",
+            "How many minutes should a grilled steak sit before I cut into it?",
+            "Tell me how long to rest steak after I take it off the grill.",
+        ],
+        {
+            "antonym": ["How long should I let a steak rest before grilling it?"],
+            "entity": ["How long should I let a turkey rest after roasting it?"],
+            "question": ["How long should I grill a steak for medium-rare?"],
+        },
+    ),
+    (
+        [
+            "How can I make bread dough rise faster?",
+            "What's the quickest way to get bread dough to rise?",
+            "Give me tips to speed up the rising of bread dough.",
+            "How do I get my bread dough to proof more quickly?",
+            "Is there a way to make yeast dough for bread rise in less time than usual?",
+        ],
+        {
+            "antonym": ["How can I make bread dough rise slower?"],
+            "negation": ["How can I make bread dough rise without yeast?"],
+        },
+    ),
+    (
+        [
+            "How long is the flight from London to New York?",
+            "How many hours does it take to fly from London to New York?",
+            "What's the flight time from London to NYC?",
+            "Flying London to New York, how long does it take?",
+            "Tell me the usual flying time for a trip from London over to New York.",
+        ],
+        {
+            "order": ["How long is the flight from New York to London?"],
+            "restriction": ["How long is the flight from London to New York with one stop?"],
+            "question": ["How much is the flight from London to New York?"],
+        },
+    ),
+    (
+        [
+            "How do I remove a red wine stain from a carpet?",
+            "What's the best way to get red wine out of carpet?",
+            "How can I clean a red wine spill stain off my carpet?",
+            "Tell me how to lift a red wine stain from carpeting.",
+            "I spilled red wine on the carpet; how do I get the stain out?",
+        ],
+        {
+            "entity": ["How do I remove a coffee stain from a carpet?"],
+            "restriction": ["How do I remove a dried red wine stain from a carpet?"],
+            "negation": [
+                "How do I remove a red wine stain from a carpet without any cleaning products?"
+            ],
+        },
+    ),
+    (
+        [
+            "When should I plant tomato seeds outdoors?",
+            "What's the right time to sow tomato seeds outside?",
+            "When is it safe to plant tomato seeds in the garden outdoors?",
+            "Tell me when to start tomato seeds outside.",
+            "At what time of year should tomato seeds go into the ground outdoors?",
+        ],
+        {
+            "antonym": ["When should I plant tomato seeds indoors?"],
+            "restriction": ["When should I plant tomato seeds outdoors in Florida?"],
+            "question": ["When should I harvest tomatoes?"],
+        },
+    ),
+    (
+        [
+            "How do I jump-start a car with a dead battery?",
+            "What are the steps to jump start a car whose battery is dead?",
+            "My car battery is flat; how do I jump-start it?",
+            "Explain how to jump a car that has a dead battery.",
+            "Give me instructions for jump-starting a car when its battery has died.",
+        ],
+        {
+            "negation": ["How do I jump-start a car with a dead battery without jumper cables?"],
+            "restriction": ["How do I jump-start a hybrid car with a dead battery?"],
+            "question": ["How do I know if my car has a dead battery?"],
+        },
+    ),
+    (
+        [
+            "I have never run before; what is a good training plan to be able to run 5 km in eight weeks?",
+            "As a complete beginner who has never run, what training plan will get me running 5 kilometres within eight weeks?",
+            "Give me an 8-week training plan for a total beginner who wants to be able to run 5 km.",
+            "Suggest a good eight-week program to go from never having run at all to running a 5K.",
+            "What's a sensible plan for a first-time runner to build up to running five kilometers in 8 weeks?",
+        ],
+        {
+            "number": [
+                "I have never run before; what is a good training plan to be able to run 5 km in four weeks?",
+                "I have never run before; what is a good training plan to be able to run 10 km in eight weeks?",
+            ],
+            "antonym": [
+                "I have never run before; what is a good training plan to be able to walk 5 km in eight weeks?"
+            ],
+            "restriction": [
+                "I have never run before; what is a good training plan to be able to run 5 km in eight weeks at the age of 70?"
+            ],
+        },
+    ),
+    (
+        [
+            "How much money should I keep in an emergency fund?",
+            "How big should my emergency fund be?",
+            "What's the recommended size of an emergency savings fund?",
+            "How much should I save up for emergencies?",
+            "Tell me how much cash to set aside in a rainy-day fund for unexpected expenses.",
+        ],
+        {
+            "restriction": [
+                "How much money should I keep in an emergency fund if I am self-employed?"
+            ],
+            "number": ["How much money should I keep in an emergency fund for a family of 4?"],
+            "question": ["Where should I keep the money in an emergency fund?"],
+        },
+    ),
+    (
+        [
+            "Do I need a visa to travel from the United States to Japan for a two-week vacation?",
+            "Is a visa required for a two-week holiday trip from the US to Japan?",
+            "Will I need a visa when flying from the United States to Japan for a 2-week vacation?",
+            "Tell me whether I must get a visa to go from the United States to Japan on a two-week vacation.",
+            "Going from the U.S. to Japan for two weeks of vacation, is a visa necessary?",
+        ],
+        {
+            "order": [
+                "Do I need a visa to travel from Japan to the United States for a two-week vacation?"
+            ],
+            "entity": [
+                "Do I need a visa to travel from the United States to China for a two-week vacation?"
+            ],
+            "number": [
+                "Do I need a visa to travel from the United States to Japan for a six-month vacation?"
+            ],
+        },
+    ),
+    (
+        [
+            "What is the best way to unclog a kitchen sink drain without using any harsh chemicals or drain cleaners?",
+            "How can I clear a blocked kitchen sink drain without harsh chemicals or store-bought drain cleaner?",
+            "Tell me the most effective chemical-free method to unblock a clogged kitchen sink drain.",
+            "My kitchen sink is clogged; what's the best way to fix it without any chemical drain cleaners?",
+            "Without resorting to harsh chemicals or drain cleaner, how do I best unclog the drain of my kitchen sink?",
+        ],
+        {
+            "negation": [
+                "What is the best way to unclog a kitchen sink drain using harsh chemicals or drain cleaners?"
+            ],
+            "entity": [
+                "What is the best way to unclog a toilet without using any harsh chemicals or drain cleaners?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I convert miles to kilometers?",
+            "What's the formula to change miles into kilometres?",
+            "How can I turn a distance in miles into kilometers?",
+            "Explain how to convert a figure in miles to km.",
+            "Miles to kilometers: how do I do the conversion?",
+        ],
+        {
+            "order": ["How do I convert kilometers to miles?"],
+            "number": ["How do I convert miles to meters?"],
+            "restriction": ["How do I convert nautical miles to kilometers?"],
+        },
+    ),
+    (
+        [
+            "How do I get rid of aphids on my roses?",
+            "What's the best way to remove aphids from rose bushes?",
+            "My roses are covered in aphids; how can I get rid of them?",
+            "How can I kill the aphids infesting my roses?",
+            "Tell me how to eliminate aphids from my rose plants.",
+        ],
+        {
+            "entity": ["How do I get rid of black spot on my roses?"],
+            "question": ["Why are there aphids on my roses?"],
+            "negation": ["How do I get rid of aphids on my roses without pesticides?"],
+        },
+    ),
+    (
+        [
+            "Roughly how many calories does a 70 kg person burn walking at a normal pace for 30 minutes?",
+            "If I weigh 70 kg and walk at a normal pace for half an hour, about how many calories will I burn?",
+            "Estimate the calories burned by a 70-kilogram person during a 30-minute walk at normal speed.",
+            "How many calories does walking at an ordinary pace for 30 minutes burn for someone weighing 70 kg?",
+            "For a person of 70 kg, what's the approximate calorie burn of thirty minutes of walking at a regular pace?",
+        ],
+        {
+            "number": [
+                "Roughly how many calories does a 70 kg person burn walking at a normal pace for 60 minutes?",
+                "Roughly how many calories does a 90 kg person burn walking at a normal pace for 30 minutes?",
+            ],
+            "antonym": [
+                "Roughly how many calories does a 70 kg person burn running at a normal pace for 30 minutes?"
+            ],
+            "restriction": [
+                "Roughly how many calories does a 70 kg person burn walking uphill at a normal pace for 30 minutes?"
+            ],
+        },
+    ),
+    (
+        [
+            "How do I descale a kettle with vinegar?",
+            "What's the method for removing limescale from a kettle using vinegar?",
+            "How can I use vinegar to descale my kettle?",
+            "Tell me how to get limescale out of a kettle with white vinegar.",
+            "Explain how to clean the mineral build-up out of a kettle using vinegar.",
+        ],
+        {
+            "negation": ["How do I descale a kettle without vinegar?"],
+            "entity": ["How do I descale a coffee maker with vinegar?"],
+        },
+    ),
+    (
+        [
+            "How long can cooked chicken stay in the fridge?",
+            "How many days does cooked chicken keep in the refrigerator?",
+            "How long is leftover cooked chicken safe to eat when refrigerated?",
+            "What's the fridge shelf life of cooked chicken?",
+            "Tell me for how long cooked chicken can be stored in the fridge.",
+        ],
+        {
+            "antonym": ["How long can raw chicken stay in the fridge?"],
+            "entity": ["How long can cooked rice stay in the fridge?"],
+            "negation": ["How long can cooked chicken stay out of the fridge?"],
+        },
+    ),
+    (
+        [
+            "Can a person with type O blood donate to someone with type A?",
+            "Is it possible for someone with blood type O to give blood to a type A recipient?",
+            "Can type O blood be given to a patient who is type A?",
+            "Can a type O donor give blood to a person with type A blood?",
+            "Is blood from a type O donor compatible with a type A recipient?",
+        ],
+        {
+            "order": ["Can a person with type A blood donate to someone with type O?"],
+            "antonym": ["Can a person with type O blood receive from someone with type A?"],
+            "restriction": ["Can a person with type O blood donate plasma to someone with type A?"],
+        },
+    ),
+    (
+        [
+            "How many US dollars is one euro worth?",
+            "What's the exchange rate from euros to US dollars?",
+            "How many dollars do I get for 1 euro?",
+            "Convert one euro into US dollars.",
+            "What is the value of a single euro in American dollars?",
+        ],
+        {
+            "order": ["How many euros is one US dollar worth?"],
+            "entity": ["How many US dollars is one British pound worth?"],
+            "number": ["How many US dollars is 500 euros worth?"],
+        },
+    ),
+    (
+        [
+            "What is the difference between a virus and a bacterium?",
+            "How do viruses differ from bacteria?",
+            "Explain the difference between viruses and bacteria.",
+            "What distinguishes a virus from a bacterium?",
+            "Tell me how a virus and a bacterium are different from each other.",
+        ],
+        {
+            "entity": ["What is the difference between a virus and a fungus?"],
+            "restriction": [
+                "What is the difference between a virus and a bacterium in how they are treated?"
+            ],
+            "question": ["Which is bigger, a virus or a bacterium?"],
+        },
+    ),
+    (
+        [
+            "What is inflation in economics?",
+            "Explain what inflation means in economics.",
+            "Define economic inflation.",
+            "What does the term inflation mean when talking about an economy?",
+            "Can you tell me what economists mean when they talk about inflation?",
+        ],
+        {
+            "antonym": ["What is deflation in economics?"],
+            "restriction": ["What is hyperinflation in economics?"],
+            "question": ["What causes inflation in economics?"],
+        },
+    ),
+    (
+        [
+            "What is the difference between an alligator and a crocodile?",
+            "How can I tell an alligator apart from a crocodile?",
+            "How do alligators differ from crocodiles?",
+            "Explain the differences between alligators and crocodiles.",
+            "Alligator vs crocodile: what sets them apart?",
+        ],
+        {
+            "entity": ["What is the difference between an alligator and a caiman?"],
+            "restriction": ["What is the difference in size between an alligator and a crocodile?"],
+            "question": ["Which is more dangerous, an alligator or a crocodile?"],
+        },
+    ),
+    (
+        [
+            "What does GDP measure?",
+            "What is measured by gross domestic product?",
+            "Explain what GDP is a measure of.",
+            "What does gross domestic product actually measure in an economy?",
+            "Tell me what a country's GDP figure measures.",
+        ],
+        {
+            "negation": ["What does GDP not measure?"],
+            "entity": ["What does CPI measure?"],
+            "question": ["How is GDP calculated?"],
+        },
+    ),
+    (
+        [
+            "Is a tomato a fruit or a vegetable?",
+            "Should a tomato be classified as a fruit or as a vegetable?",
+            "Are tomatoes fruits or vegetables?",
+            "Tell me whether the tomato is a fruit or a vegetable.",
+            "Is the tomato technically a vegetable, or is it a fruit?",
+        ],
+        {
+            "entity": ["Is a mushroom a fruit or a vegetable?"],
+            "restriction": ["Is a tomato a fruit or a vegetable for tax purposes?"],
+        },
+    ),
+    (
+        [
+            "What is compound interest?",
+            "Explain compound interest.",
+            "What does compound interest mean?",
+            "Can you define compound interest for me?",
+            "Give me a definition of compound interest.",
+        ],
+        {
+            "antonym": ["What is simple interest?"],
+            "negation": ["What is interest that does not compound?"],
+            "number": ["What is compound interest on $1,000 at 5% for 10 years?"],
+            "restriction": ["What is compound interest on a credit card?"],
+        },
+    ),
+    (
+        [
+            "Explain what a black hole is.",
+            "What is a black hole?",
+            "Tell me what black holes are.",
+            "Can you explain the concept of a black hole?",
+            "What exactly is a black hole in space?",
+        ],
+        {
+            "entity": ["Explain what a neutron star is."],
+            "antonym": ["Explain what a white hole is."],
+            "question": ["Explain how a black hole forms."],
+        },
+    ),
+    (
+        [
+            "Can I use baking powder instead of baking soda?",
+            "Is it okay to substitute baking powder for baking soda?",
+            "Will baking powder work in place of baking soda in a recipe?",
+            "If a recipe calls for baking soda, can I use baking powder?",
+            "Can baking powder replace baking soda when I'm baking?",
+        ],
+        {
+            "order": ["Can I use baking soda instead of baking powder?"],
+            "entity": ["Can I use baking powder instead of yeast?"],
+        },
+    ),
+]
+
+
 def pairs(split: Split) -> list[Pair]:
     """The labelled pairs of one split."""
     chosen = list(
         enumerate(
-            INTENTS + SEEN_HELD_OUT_INTENTS + SEEN_LATER_INTENTS
+            INTENTS + SEEN_HELD_OUT_INTENTS + SEEN_LATER_INTENTS + SEEN_VERIFIER_INTENTS
             if split == "tuning"
             else HELD_OUT_INTENTS
         )

@@ -99,6 +99,17 @@ def test_semantic_scope_context_and_class() -> None:
             "question",
         ),
         ("How do I center a div?", "How do I keep a div from being centered?", "negation"),
+        ("How do I set a cookie in Flask?", "How do I unset a cookie in Flask?", "antonyms"),
+        ("How do I make a row hidden in Excel?", "How do I unhide a row in Excel?", "antonyms"),
+        ("How do I build a set from a list?", "How do I build a list out of a set?", "direction"),
+        (
+            "When was the printing press invented?",
+            "Which inventor made the printing press?",
+            "question",
+        ),
+        ("How many legs does a spider have?", "How many eyes does a spider have?", "question"),
+        ("How much water should I drink daily?", "How much water should I drink per hour?", "kind"),
+        ("How long does it take to walk 5 km?", "How long does it take to run 5 km?", "kind"),
     ],
 )
 def test_guard_refuses_one_slot_edits(a: str, b: str, why: str) -> None:
@@ -119,6 +130,12 @@ def test_guard_refuses_one_slot_edits(a: str, b: str, why: str) -> None:
         ("How do I undo the last commit in git?", "How can I revert my most recent git commit?"),
         ("How many calories are in a banana?", "What is the calorie count of a banana?"),
         ("How many ounces are in a pound?", "A pound equals how many ounces?"),
+        (
+            "How do I convert a string to an integer in Python?",
+            "How can I get an integer from a string in Python?",
+        ),
+        ("How much protein should I eat daily?", "How much protein should I eat per day?"),
+        ("When did the Berlin Wall fall?", "In what year did the Berlin Wall fall?"),
     ],
 )
 def test_guard_lets_paraphrases_through(a: str, b: str) -> None:
