@@ -81,7 +81,7 @@ class Verifier:
 # Fitted and tuned on the labelled set's tuning split by
 # ``shared.cache.evaluate.tune_verifier`` (tests/unit/test_semantic_labelled.py checks it
 # is what tuning gives and reads the held-out split's figures).
-VERIFIER = Verifier((11.115, 1.6486, 2.8764), -11.5879)
+VERIFIER = Verifier((11.115, 1.6486, 2.8764), -11.5122)
 
 
 def fit(x: np.ndarray, y: np.ndarray, l2: float = 1e-2, steps: int = 3000) -> Verifier:

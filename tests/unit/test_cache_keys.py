@@ -110,6 +110,15 @@ def test_semantic_scope_context_and_class() -> None:
         ("How many legs does a spider have?", "How many eyes does a spider have?", "question"),
         ("How much water should I drink daily?", "How much water should I drink per hour?", "kind"),
         ("How long does it take to walk 5 km?", "How long does it take to run 5 km?", "kind"),
+        ("List files over 2 GB in Linux", "List files smaller than 2 GB in Linux", "comparison"),
+        ("Find rows where price exceeds 10", "Find rows where price is 10", "comparison"),
+        (
+            "Copy a file from the local disk to the remote host",
+            "Copy a file from the remote host onto the local disk",
+            "direction",
+        ),
+        ("Sort the words of a file", "Sort the words of a file, ignoring case", "negation"),
+        ("Count the rows of a table", "Count the rows of a table in each group", "quantifiers"),
     ],
 )
 def test_guard_refuses_one_slot_edits(a: str, b: str, why: str) -> None:
@@ -136,6 +145,8 @@ def test_guard_refuses_one_slot_edits(a: str, b: str, why: str) -> None:
         ),
         ("How much protein should I eat daily?", "How much protein should I eat per day?"),
         ("When did the Berlin Wall fall?", "In what year did the Berlin Wall fall?"),
+        ("How do I iterate over a list in Python?", "How can I loop through a Python list?"),
+        ("Find files larger than 2 GB", "How do I find files over 2 GB?"),
     ],
 )
 def test_guard_lets_paraphrases_through(a: str, b: str) -> None:

@@ -3,7 +3,7 @@ the verifier in use is the one the tuning split gives, the threshold is the lowe
 pass, and on the held-out split (intents written by others after the guard and verifier
 were fixed) the guard and the verifier refuse most hard negatives over the threshold and
 the verifier serves fewer false hits than the guard alone. Neither target is met there:
-paraphrases hit 36% of the time (target 50%) and 23% of hits are false (target 1%): an
+paraphrases hit 36% of the time (target 50%) and 21% of hits are false (target 1%): an
 added restriction ("... including untracked files"), roles swapped in other words
 ("download from the server" against "copy to the server"), a comparison turned ("over
 100 MB" against "smaller than 100 MB"). Those two tests are expected failures, strict, so
@@ -66,7 +66,7 @@ def test_held_out_hard_negatives_mostly_refused(scored: Scored) -> None:
     assert result.refused_by_verifier > 0
 
 
-@pytest.mark.xfail(strict=True, reason="held-out paraphrase hit rate 36.1% (285/790)")
+@pytest.mark.xfail(strict=True, reason="held-out paraphrase hit rate 36.3% (287/790)")
 def test_held_out_paraphrase_hit_rate(scored: Scored) -> None:
     assert served(scored, "held_out").hit_rate >= 0.5
 
@@ -84,7 +84,7 @@ def test_verifier_serves_fewer_false_hits_than_the_guard_alone(scored: Scored) -
     assert with_verifier.false_hit_upper95 < alone.false_hit_upper95
 
 
-@pytest.mark.xfail(strict=True, reason="held-out false hits 86/371 (23.2%; 95% upper bound 27.1%)")
+@pytest.mark.xfail(strict=True, reason="held-out false hits 76/363 (20.9%; 95% upper bound 24.8%)")
 def test_held_out_false_hits_meet_the_target(scored: Scored) -> None:
     result = served(scored, "held_out")
     assert result.false_hit_share <= 0.01 and result.false_hit_upper95 <= 0.02
