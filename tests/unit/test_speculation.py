@@ -23,7 +23,7 @@ from services.worker.engine.kv_cache import KVCacheManager
 from services.worker.engine.request import SeqState, Status
 from services.worker.engine.sampler import SamplingConfig
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig
-from services.worker.engine.speculation import SpecConfig, propose
+from services.worker.engine.speculation import SpecConfig, next_lookahead, propose
 from shared.prefix_hash import chain_hash
 
 pytestmark = pytest.mark.timeout(600)
@@ -62,6 +62,13 @@ def test_drafts_shrink_as_the_batch_fills() -> None:
 
 
 # --- rollback in the cache manager and scheduler ---------------------------------------------
+def test_lookahead_grows_on_full_acceptance_and_shrinks_on_a_rejection() -> None:
+    assert next_lookahead(2, drafted=2, accepted=2, k=6) == 4
+    assert next_lookahead(5, drafted=5, accepted=5, k=6) == 6  # never past k
+    assert next_lookahead(4, drafted=4, accepted=1, k=6) == 3
+    assert next_lookahead(1, drafted=1, accepted=0, k=6) == 1  # at least one guess
+
+
 def test_rejected_draft_blocks_are_freed_and_never_cached() -> None:
     kv = KVCacheManager(num_blocks=16, block_size=4)
     sched = Scheduler(kv, SchedulerConfig(max_running=4, max_step_tokens=64, prefill_chunk=64))
@@ -234,15 +241,18 @@ def mixed_requests(vocab: int, count: int, seed: int) -> list[EngineRequest]:
     return reqs
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
 def test_outputs_are_identical_with_and_without_speculation(
-    lm: tuple[Any, Any], draft_lm: Any, method: str
+    lm: tuple[Any, Any], draft_lm: Any, method: str, adaptive: bool
 ) -> None:
     vocab = lm[0].config.vocab_size
     reqs = mixed_requests(vocab, 24, seed=11)
     cfg = {"kv_budget_tokens": 8192, "prefill_chunk": 32, "max_step_tokens": 256}
     _, plain_out = run_outputs(lm, reqs, SpecConfig(), **cfg)
     # A cap below the peak batch: some steps speculate, others decode plainly.
-    spec = SpecConfig(k=4, max_n=3, max_running=10, method=method, step_tokens=40)
+    spec = SpecConfig(
+        k=4, max_n=3, max_running=10, method=method, step_tokens=40, adaptive=adaptive
+    )
     engine, spec_out = run_outputs(lm, reqs, spec, draft_lm, **cfg)
     (plain, plain_finals), (spec, spec_finals) = collect(plain_out), collect(spec_out)
     st = engine.stats

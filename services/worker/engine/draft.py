@@ -81,6 +81,12 @@ class DraftModel:
         for rid in [r for r in self._seqs if r not in keep]:
             self._drop(rid)
 
+    def release(self, request_id: str) -> None:
+        """Free a finished request's state now (its blocks would otherwise wait for the
+        next step's :meth:`retain`, which an idle engine never takes)."""
+        if request_id in self._seqs:
+            self._drop(request_id)
+
     def reset(self) -> None:
         for rid in list(self._seqs):
             self._drop(rid)
