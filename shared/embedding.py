@@ -15,12 +15,15 @@ torch and transformers are imported when a model is loaded, not when this module
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from shared.cache.align import WordVectors
@@ -210,7 +213,8 @@ class Embedder:
                 timed(self._forward)
                 if timed(self._forward) < BF16_MIN_SPEEDUP * timed(forward16):
                     return
-        except Exception:  # no bfloat16 here: float32 serves
+        except Exception as exc:  # whatever torch raises without bfloat16: float32 serves
+            log.info("embedder stays in float32: bfloat16 failed here: %r", exc)
             return
         self._model, self._forward, self.traced = model16, forward16, traced16
         self.dtype = "bfloat16"
