@@ -25,7 +25,7 @@ from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import SeqState, Status
 from services.worker.engine.sampler import Picker, SamplingConfig, adjust, make_generator
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig, StepPlan, Work
-from services.worker.engine.speculation import SpecConfig, next_lookahead, propose
+from services.worker.engine.speculation import SpecConfig, propose
 from services.worker.engine.text import TextStream
 
 log = logging.getLogger(__name__)
@@ -297,7 +297,7 @@ class Engine:
             if not k or seq.in_prefill or live is None or not _speculates(live):
                 continue
             # The verifying step adds a token of its own after the accepted ones.
-            room = min(k, seq.lookahead or k, seq.max_tokens - len(seq.output_ids) - 1)
+            room = min(k, seq.max_tokens - len(seq.output_ids) - 1)
             if room <= 0:
                 continue
             if self.drafter is None:
@@ -396,11 +396,6 @@ class Engine:
             self.stats.spec_verifications += 1
             self.stats.spec_draft_tokens += w.draft
             self.stats.spec_accepted_tokens += len(tokens) - 1
-            spec = self.config.speculation
-            if spec.adaptive:
-                w.seq.lookahead = next_lookahead(
-                    w.seq.lookahead or spec.k, w.draft, len(tokens) - 1, spec.k
-                )
 
     def _emit_all(
         self, live: _Live, tokens: list[int | None], logprobs: list[TokenLogprobs] | None

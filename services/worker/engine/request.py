@@ -43,7 +43,6 @@ class SeqState:
     num_cached_prompt: int = 0  # prompt tokens served by the prefix cache on first admission
     num_preemptions: int = 0
     draft: list[int] = field(default_factory=list)
-    lookahead: int = 0  # guesses the next step may bring (adaptive speculation; 0: k)
 
     @property
     def num_tokens(self) -> int:

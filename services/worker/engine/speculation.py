@@ -30,10 +30,7 @@ class SpecConfig:
     (code edits, quoting) turns it on with ``TW_SPEC_NGRAM_K``.
 
     ``method="draft"``: the guesses come from a draft model instead (``DraftModel``), the
-    same ``k`` and cap; ``max_n`` and ``min_n`` are the n-gram method's alone.
-
-    ``adaptive``: each request's guesses per step follow how its last ones fared
-    (:func:`next_lookahead`), within ``k``."""
+    same ``k`` and cap; ``max_n`` and ``min_n`` are the n-gram method's alone."""
 
     k: int = 0
     max_n: int = 4
@@ -41,7 +38,6 @@ class SpecConfig:
     max_running: int = 8
     method: str = "ngram"
     step_tokens: int = 8  # draft tokens of all requests in one step, at most
-    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in ("ngram", "draft"):
@@ -63,16 +59,6 @@ class SpecConfig:
         if not self.enabled or running > self.max_running:
             return 0
         return min(self.k, self.step_tokens // max(1, running))
-
-
-def next_lookahead(current: int, drafted: int, accepted: int, k: int) -> int:
-    """A request's guesses for its next step after ``accepted`` of its ``drafted`` were
-    kept: two more when all were (up to ``k``), one fewer otherwise (at least one). Text
-    the draft predicts well comes in runs, and so does text it does not: a long guess into
-    a run of rejections costs its draft passes and a wider verifying pass for nothing."""
-    if accepted >= drafted:
-        return min(k, current + 2)
-    return max(1, current - 1)
 
 
 def propose(tokens: Sequence[int], k: int, max_n: int, min_n: int = 1) -> list[int]:
