@@ -107,6 +107,8 @@ class Embedder:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
+        if dtype not in DTYPES:
+            raise EmbedderError(f"embedder dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         self.model_dir = Path(model_dir) if model_dir else default_model_dir()
         if not self.model_dir.is_dir():
             raise EmbedderError(f"embedding model folder {self.model_dir} does not exist")
@@ -122,8 +124,6 @@ class Embedder:
             raise EmbedderError(
                 f"cannot load the embedding model in {self.model_dir}: {exc}"
             ) from exc
-        if dtype not in DTYPES:
-            raise EmbedderError(f"embedder dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         self._model.eval()
         self._torch = torch
         self._lock = threading.Lock()
@@ -195,7 +195,9 @@ class Embedder:
             with torch.inference_mode():
                 want = _pooled(torch, self._forward(probe), probe["attention_mask"])
                 got = _pooled(torch, forward16(probe), probe["attention_mask"])
-            if float((want * got).sum(dim=1).min()) < BF16_MIN_COSINE:
+            agreement = float((want * got).sum(dim=1).min())
+            if agreement < BF16_MIN_COSINE:
+                log.info("embedder stays in float32: bfloat16 agrees at cosine %.5f", agreement)
                 return
             if not forced:
                 one = self._feed(_PROBE_TEXTS[:1])
