@@ -95,7 +95,11 @@ def assert_bit_identical(model: Any, vocab: int) -> None:
     prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (2, 9, 30, 17, 64)]
     direct = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
     plain = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
-    assert direct._direct is not None and direct._direct.verifies
+    # Decoding runs directly everywhere. Verifying rows of several tokens runs directly where
+    # the load probe finds it bit-identical on this CPU (the packed query heads run other
+    # matrix shapes, whose sums some CPUs' kernels round differently), else through the
+    # model's own forward: either way its logits must be the model's, bit for bit.
+    assert direct._direct is not None
     plain._direct = None
     for run in (decode_logits, verify_logits):
         for runner in (direct, plain):  # a row key names one sequence's tokens

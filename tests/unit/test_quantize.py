@@ -31,13 +31,22 @@ def test_int8_engine_matches_the_quantized_model_and_stays_close_to_fp32(
     new = 16
     engine = Engine(model, tok, EngineConfig(kv_budget_tokens=4096))
     assert engine.runner._direct is None  # quantized layers: the model's own forward
+    # One request at a time: a dynamically quantized layer takes one activation scale for
+    # its whole input, so rows batched together round each other (on some CPUs' kernels a
+    # greedy token flips); alone, a request's steps are the reference's.
+    got: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):
         engine.add_request(EngineRequest(f"r{i}", p, max_tokens=new, ignore_eos=True))
-    got, _ = collect(engine.run_until_idle())
+        got.update(collect(engine.run_until_idle())[0])
+    batched = Engine(model, tok, EngineConfig(kv_budget_tokens=4096))
+    for i, p in enumerate(prompts):
+        batched.add_request(EngineRequest(f"r{i}", p, max_tokens=new, ignore_eos=True))
+    together, _ = collect(batched.run_until_idle())
     same = 0
     for i, p in enumerate(prompts):
         assert got[f"r{i}"] == reference(model, p, new), i
-        same += sum(a == b for a, b in zip(got[f"r{i}"], reference(full, p, new), strict=True))
+        # Batched, the int8 rounding moves with the batch: still mostly full precision's.
+        same += sum(a == b for a, b in zip(together[f"r{i}"], reference(full, p, new), strict=True))
     # int8 is not exact: most greedy tokens still agree with full precision.
     assert same >= 0.5 * new * len(prompts), same
 

@@ -127,14 +127,19 @@ class DirectDecoder:
         logits on a probe: three rows at different positions over made-up keys and values.
         ``verifies`` says the same of rows of three new tokens each."""
         ok = self._probe(run, width=1)
-        self.verifies = ok and self._probe(run, width=3)
+        # Verifying rows are probed over a longer context and two widths: some CPUs' kernels
+        # sum a packed row of a short context as the model does and a longer one not.
+        self.verifies = ok and all(
+            self._probe(run, width=w, context=c) for w, c in ((3, 5), (3, 60), (6, 120))
+        )
         return ok
 
-    def _probe(self, run: Callable[..., torch.Tensor], width: int) -> bool:
-        rows, kv_len = 3, 5 + width
+    def _probe(self, run: Callable[..., torch.Tensor], width: int, context: int = 5) -> bool:
+        rows, kv_len = 3, context + width
         dev = self.embed.device
         ids = torch.arange(1, rows * width + 1, device=dev).view(rows, width) % self.embed.shape[0]
-        pos = torch.tensor([[4], [2], [3]], device=dev) + torch.arange(width, device=dev)
+        last = torch.tensor([[0], [2], [1]], device=dev)  # rows at different positions
+        pos = context - 1 - last + torch.arange(width, device=dev)
         cols = torch.arange(kv_len, device=dev).view(1, 1, 1, -1)
         mask = cols <= pos.view(rows, 1, width, 1)
         shape = (len(self.layers), rows, self.kv_heads, kv_len, self.head_dim)
@@ -174,7 +179,14 @@ def direct_decoder(model: Any, run: Callable[..., torch.Tensor]) -> DirectDecode
         decoder = DirectDecoder(model)
     except AttributeError:  # a module laid out otherwise than the class above
         return None
-    return decoder if decoder.matches(run) else None
+    if not decoder.matches(run):
+        return None
+    if rope.get("rope_type") == "yarn":
+        # On an AMD EPYC (AVX512) the yarn row passed the probe and still differed in the
+        # last bit over random rollbacks (tests/unit/test_direct_decode.py): its verifying
+        # rows go through the model's own forward.
+        decoder.verifies = False
+    return decoder
 
 
 class _ProbeCache:
