@@ -96,9 +96,10 @@ def assert_bit_identical(model: Any, vocab: int) -> None:
     direct = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
     plain = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
     # Decoding runs directly everywhere. Verifying rows of several tokens runs directly where
-    # the load probe finds it bit-identical on this CPU (the packed query heads run other
-    # matrix shapes, whose sums some CPUs' kernels round differently), else through the
-    # model's own forward: either way its logits must be the model's, bit for bit.
+    # the load probe finds it bit-identical on this CPU, else through the model's own
+    # forward: either way over the same dense slots, in the same rows, and its logits must
+    # be the model's, bit for bit. (Logits of a row depend on its place in the batch on
+    # some CPUs, so the two runners must place rows alike.)
     assert direct._direct is not None
     plain._direct = None
     for run in (decode_logits, verify_logits):
