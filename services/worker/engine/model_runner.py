@@ -487,7 +487,9 @@ class ModelRunner:
         ``every_position``, of each of its tokens, ``[len(items), longest, vocab]`` (rows
         padded at the end: speculation's verification reads one per draft token)."""
         if every_position:
-            if all(len(it.token_ids) <= MAX_VERIFY_TOKENS and it.row_key is not None for it in items):
+            if all(
+                len(it.token_ids) <= MAX_VERIFY_TOKENS and it.row_key is not None for it in items
+            ):
                 slot = self._slots.place(
                     items, (self.k_pool, self.v_pool), self.k_pool[0], self._tables
                 )
