@@ -92,7 +92,7 @@ def ensure_model(
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir))
         try:
             log(f"[model] {spec.name}: building into {final} (recipe v{BUILD_VERSION})")
-            build_model(spec, tmp, log=log)
+            build_model(spec, tmp, log=log, cache_dir=cache_dir)
             tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is ordinary data
             _install(tmp, final)
         except BaseException:
@@ -147,9 +147,14 @@ def _install(tmp: Path, final: Path) -> None:
 
 
 def build_model(
-    spec: ModelPreset, out_dir: Path, *, log: Callable[[str], None] = print
+    spec: ModelPreset,
+    out_dir: Path,
+    *,
+    log: Callable[[str], None] = print,
+    cache_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the whole recipe for ``spec`` and write the model into ``out_dir``.
+    """Run the whole recipe for ``spec`` and write the model into ``out_dir``; a distilled
+    preset's teacher and starting weights come from (or are built into) ``cache_dir``.
 
     Returns the build info (also written to ``build_info.json``, last): sizes, timings,
     final loss and sample generations. The caller's torch RNG state is left untouched.
@@ -158,10 +163,12 @@ def build_model(
 
     # The recipe seeds torch's global RNG; fork it so a server calling this is unaffected.
     with torch.random.fork_rng(devices=[]):
-        return _build(spec, out_dir, log)
+        return _build(spec, out_dir, log, Path(cache_dir or default_cache_dir()))
 
 
-def _build(spec: ModelPreset, out_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def _build(
+    spec: ModelPreset, out_dir: Path, log: Callable[[str], None], cache_dir: Path
+) -> dict[str, Any]:
     from services.model.corpus import build_corpus
     from services.model.train import make_model, parameter_count
 
@@ -193,8 +200,14 @@ def _build(spec: ModelPreset, out_dir: Path, log: Callable[[str], None]) -> dict
         "corpus_bytes": corpus_bytes,
         "train_steps": spec.train_steps,
     }
+    teacher = None
+    if spec.distill_from:
+        teacher = _relative(spec.distill_from, tokenizer, cache_dir, log)
+        if spec.init_from:
+            model.load_state_dict(_relative(spec.init_from, tokenizer, cache_dir, log).state_dict())
+        info.update(distilled_from=spec.distill_from, initialized_from=spec.init_from or None)
     if spec.trained:
-        info.update(_train(spec, model, docs, backend, eot_id, log, timings))
+        info.update(_train(spec, model, docs, backend, eot_id, log, timings, teacher))
 
     mark = time.perf_counter()
     info["samples"] = _samples(model, tokenizer, spec.seed)
@@ -224,6 +237,17 @@ def _tokenizer(spec: ModelPreset, docs: list[str]) -> tuple[Any, Any]:
     return backend, tokenizer
 
 
+def _relative(name: str, tokenizer: Any, cache_dir: Path, log: Callable[[str], None]) -> Any:
+    """Preset ``name``'s model (built if missing), which must share ``tokenizer``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = ensure_model(name, cache_dir, log=log)
+    if AutoTokenizer.from_pretrained(folder).get_vocab() != tokenizer.get_vocab():
+        raise RuntimeError(f"{name} ({folder}) has another tokenizer than this build")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32")
+    return model.eval()
+
+
 def _train(
     spec: ModelPreset,
     model: Any,
@@ -232,8 +256,10 @@ def _train(
     eot_id: int,
     log: Callable[[str], None],
     timings: dict[str, float],
+    teacher: Any = None,
 ) -> dict[str, Any]:
-    """Train ``model`` on the packed corpus; the build info's training fields."""
+    """Train ``model`` on the packed corpus (on ``teacher``'s distributions, when given);
+    the build info's training fields."""
     from services.model.train import available_cpus, pack_documents, train
 
     mark = time.perf_counter()
@@ -244,7 +270,7 @@ def _train(
         f"[model] {spec.name}: training {spec.train_steps} steps on {data.numel():,} tokens, "
         f"batch {spec.batch_size}x{spec.seq_len}, {threads} threads"
     )
-    result = train(model, data, spec, log, threads=threads)
+    result = train(model, data, spec, log, threads=threads, teacher=teacher)
     timings["train_s"] = result.seconds
     log(f"[model] {spec.name}: final loss {result.final_loss:.3f} in {result.seconds:.1f}s")
     return {

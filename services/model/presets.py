@@ -6,7 +6,7 @@ function of its preset (and the local Python's standard library, which is the co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,11 @@ class ModelPreset:
     corpus_bytes: int = 3_000_000
     seed: int = 1234
     description: str = ""
+    # Distillation: learn the next-token distributions of the preset ``distill_from`` (its
+    # teacher, same tokenizer) instead of the corpus' tokens, starting from the weights of
+    # the preset ``init_from`` (same sizes) or from random ones. Both are built if missing.
+    distill_from: str = ""
+    init_from: str = ""
 
     def __post_init__(self) -> None:
         # Fail at import time rather than deep inside LlamaConfig.
@@ -45,6 +50,10 @@ class ModelPreset:
             raise ValueError(f"{self.name}: num_heads must be a multiple of num_kv_heads")
         if self.train_steps and self.warmup_steps >= self.train_steps:
             raise ValueError(f"{self.name}: warmup_steps must be below train_steps")
+        if self.init_from and not self.distill_from:
+            raise ValueError(f"{self.name}: init_from is for distillation (distill_from)")
+        if self.distill_from and not self.train_steps:
+            raise ValueError(f"{self.name}: distillation needs train_steps")
 
     @property
     def parameter_count(self) -> int:
@@ -60,6 +69,23 @@ class ModelPreset:
         """Whether the build runs a training loop (otherwise weights stay random)."""
         return self.train_steps > 0
 
+
+_TINY = ModelPreset(
+    name="tiny",
+    hidden_size=128,
+    num_layers=6,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=384,
+    vocab_size=4096,
+    max_positions=2048,
+    train_steps=350,
+    train_seconds=120.0,
+    batch_size=16,
+    seq_len=128,
+    warmup_steps=20,
+    description="default demo model: ~1.7M parameters, trained ~2 min on CPU",
+)
 
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
@@ -81,22 +107,7 @@ PRESETS: dict[str, ModelPreset] = {
             corpus_bytes=200_000,
             description="unit tests: a few hundred K parameters, builds in seconds",
         ),
-        ModelPreset(
-            name="tiny",
-            hidden_size=128,
-            num_layers=6,
-            num_heads=4,
-            num_kv_heads=2,
-            intermediate_size=384,
-            vocab_size=4096,
-            max_positions=2048,
-            train_steps=350,
-            train_seconds=120.0,
-            batch_size=16,
-            seq_len=128,
-            warmup_steps=20,
-            description="default demo model: ~1.7M parameters, trained ~2 min on CPU",
-        ),
+        _TINY,
         ModelPreset(
             name="small",
             hidden_size=512,
@@ -114,6 +125,18 @@ PRESETS: dict[str, ModelPreset] = {
             warmup_steps=30,
             description="benchmarks and speculation's target: ~30M parameters, trained ~30 min "
             "on CPU from tiny's corpus and tokenizer (built only when asked for)",
+        ),
+        replace(
+            _TINY,
+            name="small-draft",
+            train_steps=400,
+            train_seconds=480.0,
+            learning_rate=2e-3,
+            distill_from="small",
+            init_from="tiny",
+            description="speculation's draft for small: tiny's sizes and weights, trained "
+            "~8 min more on small's next-token distributions over the corpus (built only "
+            "when asked for, with small)",
         ),
     )
 }

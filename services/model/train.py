@@ -9,7 +9,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from tokenizers import Tokenizer
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -107,6 +110,17 @@ class TrainResult:
         return sum(tail) / len(tail)
 
 
+def _loss(model: torch.nn.Module, batch: torch.Tensor, teacher: torch.nn.Module | None) -> Any:
+    if teacher is None:
+        return model(input_ids=batch, labels=batch).loss
+    with torch.no_grad():
+        target = F.log_softmax(teacher(input_ids=batch).logits.float(), dim=-1)
+    ours = F.log_softmax(model(input_ids=batch).logits.float(), dim=-1)
+    return F.kl_div(
+        ours.flatten(0, 1), target.flatten(0, 1), log_target=True, reduction="batchmean"
+    )
+
+
 def _lr_factor(step: int, warmup: int, total: int) -> float:
     """Linear warm-up, then cosine decay to 10 % of the peak learning rate."""
     if step < warmup:
@@ -122,8 +136,12 @@ def train(
     log: Callable[[str], None],
     *,
     threads: int | None = None,
+    teacher: torch.nn.Module | None = None,
 ) -> TrainResult:
-    """Train ``model`` in place for ``preset.train_steps`` steps on the packed rows ``data``.
+    """Train ``model`` in place for ``preset.train_steps`` steps on the packed rows ``data``:
+    on the next token of each position, or with ``teacher`` on the teacher's whole
+    next-token distribution there (the KL divergence from it: distillation, which teaches
+    a small model to guess what the teacher would say rather than what the text says).
 
     A fixed step count (not a time limit) and a seeded batch order keep the result the same
     from run to run on a given machine and thread count.
@@ -153,7 +171,7 @@ def train(
                 cursor = 0
             batch = data[order[cursor : cursor + preset.batch_size]]
             cursor += preset.batch_size
-            loss = model(input_ids=batch, labels=batch).loss
+            loss = _loss(model, batch, teacher)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

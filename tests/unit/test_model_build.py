@@ -153,7 +153,7 @@ def test_build_is_deterministic(built: Built, tmp_path: Path) -> None:
 
 
 def test_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def explode(spec: object, out_dir: Path, *, log: object) -> None:
+    def explode(spec: object, out_dir: Path, *, log: object, cache_dir: Path) -> None:
         (out_dir / "config.json").write_text("{}")  # a half-written model
         raise KeyboardInterrupt
 
@@ -187,3 +187,36 @@ def test_the_template_renders_tools_and_plain_chats_as_the_corpus(tokenizer: Any
         messages, tools=tools, add_generation_prompt=True, tokenize=False
     )
     assert text.endswith(plain) and '{"name": "get_weather"}' in text
+
+
+def test_a_distilled_preset_learns_its_teacher(built: Built, tmp_path: Path) -> None:
+    """Distillation trains on the teacher's next-token distributions (the loss is the KL
+    divergence from them, falling as the student learns); started from the teacher's own
+    weights it is zero from the first step."""
+    micro = PRESETS["micro"]
+    fresh = dataclasses.replace(micro, name="micro-student", seed=5, distill_from="micro")
+    info = model_build.build_model(
+        fresh, tmp_path / "fresh", log=lambda _: None, cache_dir=built.cache
+    )
+    assert info["distilled_from"] == "micro" and info["initialized_from"] is None
+    assert info["final_loss"] < info["first_loss"]
+    same = dataclasses.replace(fresh, train_steps=5, warmup_steps=1, init_from="micro")
+    info = model_build.build_model(
+        same, tmp_path / "same", log=lambda _: None, cache_dir=built.cache
+    )
+    assert info["initialized_from"] == "micro"
+    assert info["first_loss"] == pytest.approx(0.0, abs=1e-5)
+    # The result serves as any build does.
+    student = AutoModelForCausalLM.from_pretrained(tmp_path / "same")
+    assert student.config.vocab_size == micro.vocab_size
+
+
+def test_a_distilled_preset_needs_training_and_a_teacher() -> None:
+    micro = PRESETS["micro"]
+    with pytest.raises(ValueError, match="needs train_steps"):
+        dataclasses.replace(micro, train_steps=0, distill_from="micro")
+    with pytest.raises(ValueError, match="init_from is for distillation"):
+        dataclasses.replace(micro, init_from="micro")
+    draft, tiny = PRESETS["small-draft"], PRESETS["tiny"]
+    assert (draft.distill_from, draft.init_from) == ("small", "tiny")
+    assert draft.parameter_count == tiny.parameter_count

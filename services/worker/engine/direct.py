@@ -129,8 +129,8 @@ class DirectDecoder:
         logits on a probe: three rows at different positions over made-up keys and values.
         ``verifies`` says the same of rows of three new tokens each."""
         ok = self._probe(run, width=1)
-        # Verifying rows are probed over a longer context and two widths: some CPUs' kernels
-        # sum a packed row of a short context as the model does and a longer one not.
+        # Verifying rows are probed over a longer context and two widths: a CPU's kernels
+        # may sum a short context's rows as the model does and a longer one's not.
         self.verifies = ok and all(
             self._probe(run, width=w, context=c) for w, c in ((3, 5), (3, 60), (6, 120))
         )
