@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-
 from typing import Any
 
 import torch
