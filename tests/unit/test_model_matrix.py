@@ -70,24 +70,28 @@ def test_logits_of_mixed_batches_equal_a_plain_forward_pass(
     while any(d < len(s) for d, s in zip(done, seqs, strict=True)):
         live = [i for i, s in enumerate(seqs) if done[i] < len(s)]
         pick = rng.sample(live, rng.randint(1, len(live)))
-        decode = rng.random() < 0.5
+        # A decode, a prefill chunk, or a verification (speculation's: a few tokens per
+        # decoding row, logits at every position, over the decode rows' KV).
+        kind = rng.choice(["decode", "prefill", "verify"])
         items = []
         for i in pick:
-            n = 1 if decode else rng.randint(1, 24)
+            n = {"decode": 1, "prefill": rng.randint(1, 24), "verify": rng.randint(1, 5)}[kind]
             n = min(n, len(seqs[i]) - done[i])
             tables = [
                 list(range((i * groups + g) * per_seq, (i * groups + g + 1) * per_seq))
                 for g in range(groups)
             ]
-            key = (i, 0) if decode or n == 1 else None
+            key = (i, 0) if kind != "prefill" or n == 1 else None
             blocks = tables if groups > 1 else tables[0]
             items.append(RunItem(seqs[i][done[i] : done[i] + n], done[i], blocks, key))
-        got = runner.forward(items)
+        got = runner.forward(items, every_position=kind == "verify")
         for row, (i, it) in enumerate(zip(pick, items, strict=True)):
-            last = it.start + len(it.token_ids) - 1
-            diff = (got[row] - want[i][last]).abs().max().item()
-            worst = max(worst, diff)
-            assert diff < LOGIT_TOLERANCE, f"{name}: seq {i} position {last} off by {diff}"
+            for t in range(len(it.token_ids)) if kind == "verify" else [len(it.token_ids) - 1]:
+                at = it.start + t
+                ours = got[row, t] if kind == "verify" else got[row]
+                diff = (ours - want[i][at]).abs().max().item()
+                worst = max(worst, diff)
+                assert diff < LOGIT_TOLERANCE, f"{name}: seq {i} position {at} off by {diff}"
             done[i] += len(it.token_ids)
         steps += 1
     print(f"{name}: {steps} passes, largest logit difference {worst:.2e}")
