@@ -181,9 +181,7 @@ def direct_decoder(model: Any, run: Callable[..., torch.Tensor]) -> DirectDecode
         decoder = DirectDecoder(model)
     except AttributeError:  # a module laid out otherwise than the class above
         return None
-    if not decoder.matches(run):
-        return None
-    return decoder
+    return decoder if decoder.matches(run) else None
 
 
 class _ProbeCache:
