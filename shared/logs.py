@@ -3,10 +3,14 @@ where one is known, the request id (``extra={"request_id": ...}`` or ``request_c
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
+import faulthandler
 import logging
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -100,3 +104,26 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, dump_stacks)
+
+
+def dump_stacks(signum: int = signal.SIGUSR1, frame: object = None) -> None:
+    """Write every thread's stack and, when an event loop runs, every task's await chain
+    to stderr (``kill -USR1 <pid>`` on any service): what a process that will not stop or
+    has stopped answering is waiting on. The process goes on as before."""
+    err = sys.stderr
+    err.write(f"--- stacks (signal {signum}) ---\n")
+    faulthandler.dump_traceback(file=err, all_threads=True)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is not None:
+        tasks = asyncio.all_tasks(loop)
+        err.write(f"--- {len(tasks)} asyncio tasks ---\n")
+        for task in tasks:
+            err.write(f"{task!r}\n")
+            task.print_stack(file=err)
+    err.write("--- end of stacks ---\n")
+    err.flush()

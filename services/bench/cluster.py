@@ -147,13 +147,23 @@ class Stack:
             try:
                 p.wait(timeout)
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+                kill_stuck(p)
         return p.returncode
 
     def stop_all(self) -> None:
         for name in list(self.procs):
             self.stop(name)
+
+
+def kill_stuck(p: subprocess.Popen[bytes]) -> None:
+    """Kill a service that did not stop when asked, after asking it for its threads' and
+    tasks' stacks (SIGUSR1: they go to its log), so its log says what it waited on."""
+    p.send_signal(signal.SIGUSR1)
+    try:
+        p.wait(2)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 def make_stack(prefix: str, infra: dict[str, str], model_dir: str, log_dir: Path) -> Stack:

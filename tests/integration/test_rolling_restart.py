@@ -34,6 +34,7 @@ import httpx
 import orjson
 import pytest
 
+from services.bench.cluster import kill_stuck
 from shared.codec import decode
 from shared.messages import (
     BatcherStatus,
@@ -272,8 +273,10 @@ async def graceful_stop(st: Stack, name: str) -> int:
     try:
         return await asyncio.to_thread(proc.wait, 90)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+        kill_stuck(proc)
+        raise AssertionError(
+            f"{name} still runs 90 s after SIGTERM\n{st.logs(name, 300)}"
+        ) from None
 
 
 async def served_more(load: Load, n: int, st: Stack, via: str | None = None) -> None:

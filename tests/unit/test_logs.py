@@ -1,11 +1,18 @@
 """Structured logs: a client library's per-retry errors during an outage are kept once per
-window, with a count of what was held back; the service's own lines are never held."""
+window, with a count of what was held back; the service's own lines are never held. A
+service asked with SIGUSR1 writes what every thread and task waits on, and goes on."""
 
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 from shared.logs import RepeatFilter
+from tests.conftest import ROOT
 
 
 def record(name: str, msg: str, *args: object, level: int = logging.ERROR) -> logging.LogRecord:
@@ -36,3 +43,55 @@ def test_the_services_own_lines_are_never_held() -> None:
     f = RepeatFilter(("aiokafka",), window_s=30, clock=lambda: 0.0)
     for name in ("services.worker.service", "aiokafkaesque", "shared.retry"):
         assert all(f.filter(record(name, "kafka is unreachable (%r)", "x")) for _ in range(5))
+
+
+STUCK = textwrap.dedent(
+    """
+    import asyncio, sys
+    from shared.logs import setup_logging
+
+    async def waits_on_a_lock_nobody_releases(lock):
+        async with lock:
+            pass
+
+    async def main():
+        setup_logging("probe")
+        lock = asyncio.Lock()
+        await lock.acquire()
+        task = asyncio.create_task(waits_on_a_lock_nobody_releases(lock))
+        await asyncio.sleep(0.05)  # the task waits on the lock now
+        print("ready", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_sigusr1_writes_every_tasks_await_chain_and_the_process_goes_on(tmp_path: Path) -> None:
+    script = tmp_path / "stuck.py"  # a file, so the stacks show its source lines
+    script.write_text(STUCK)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGUSR1)
+        dump = []
+        for line in proc.stderr:
+            dump.append(line)
+            if line.startswith("--- end of stacks"):
+                break
+        text = "".join(dump)
+        assert "Current thread" in text or "Thread 0x" in text, text  # the threads' stacks
+        assert "waits_on_a_lock_nobody_releases" in text, text  # the stuck task
+        assert "async with lock" in text, text  # ... and the line it waits on
+        assert proc.poll() is None  # still running
+    finally:
+        proc.kill()
+        proc.wait()
