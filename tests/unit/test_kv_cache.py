@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
+
 import pytest
 
 from services.worker.engine import kv_cache
@@ -127,6 +130,77 @@ def test_duplicate_content_computed_twice_is_cached_once() -> None:
     assert kv.stats.cached_blocks == 2
     assert kv.num_free_blocks == 16
     assert kv.cached_prefix_blocks([*ids, 0]) == [0, 1]
+
+
+def test_a_duplicate_block_is_cached_once_its_twin_is_evicted() -> None:
+    kv = KVCacheManager(8, BS)
+    ids = toks(0, 2 * BS)
+    for sid in ("s1", "s2"):  # the same prompt, computed twice at once
+        kv.allocate(sid, ids, len(ids))
+    kv.commit("s1", ids, len(ids))
+    kv.commit("s2", ids, len(ids))  # its blocks' content is cached already: s1's
+    kv.free("s1")
+    kv.allocate("s3", toks(100, 6 * BS), 6 * BS)  # every free block: s1's are evicted
+    assert kv.cached_prefix_blocks([*ids, 0]) == []
+    kv.commit("s2", ids, len(ids))
+    assert kv.cached_prefix_blocks([*ids, 0]) == list(kv.table("s2").block_ids)
+
+
+class FullRescan(KVCacheManager):
+    """The commit as it was first written: every full block hashed from the first, every
+    step (what the incremental commit must match)."""
+
+    def commit(self, seq_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        table, bs, parent = self._tables[seq_id], self.block_size, None
+        for i in range(min(num_computed // bs, len(table))):
+            chunk = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = parent = chain_hash(parent, chunk)
+            if self._blocks[table[i]].hash is None and h not in self._by_hash:
+                self._pool.register(table[i], self._by_hash, h, chunk, i)
+        self.stats.cached_blocks = self._pool.cached
+
+
+def test_commit_from_the_settled_blocks_on_caches_what_a_full_rescan_caches() -> None:
+    """Random traffic over a small pool (shared prefixes, the same prompt computed twice at
+    once, decodes a token at a time, frees, evictions): after every step both managers
+    hold the same hash index and the same hash on every block."""
+    rng = random.Random(5)
+    fast, ref = KVCacheManager(24, BS), FullRescan(24, BS)
+    prefixes = [toks(1000 * k, rng.randrange(1, 3 * BS)) for k in range(3)]
+    live: dict[str, tuple[list[int], int]] = {}  # seq → its ids, tokens computed
+    for step in range(600):
+        if len(live) < 4 and rng.random() < 0.3:
+            ids = [*rng.choice(prefixes), *toks(10_000 + step * 50, rng.randrange(0, 2 * BS))]
+            sid = f"s{step}"
+            try:
+                got = [kv.allocate(sid, ids, len(ids)) for kv in (fast, ref)]
+            except OutOfBlocks:
+                continue
+            assert got[0] == got[1]
+            live[sid] = (ids, got[0])
+        elif live:
+            sid = rng.choice(sorted(live))
+            ids, done = live[sid]
+            if rng.random() < 0.1:
+                for kv in (fast, ref):
+                    kv.free(sid)
+                del live[sid]
+                continue
+            upto = min(len(ids), done + rng.choice([1, 1, 1, BS + 1]))
+            if upto == len(ids):  # decoding: one more token
+                ids.append(rng.randrange(100))
+                try:
+                    for kv in (fast, ref):
+                        kv.allocate(sid, ids, len(ids))
+                except OutOfBlocks:
+                    ids.pop()
+                    continue
+            for kv in (fast, ref):
+                kv.commit(sid, ids, upto)
+            live[sid] = (ids, upto)
+        assert fast._by_hash == ref._by_hash
+        assert [b.hash for b in fast._blocks] == [b.hash for b in ref._blocks]
+    assert fast.stats.evictions > 10 and fast.stats.prefix_hit_tokens > 0
 
 
 # --- ref counts ----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from services.worker.engine.engine import _forward_groups
-from services.worker.engine.model_runner import ModelRunner, RunItem
+from services.worker.engine.model_runner import ModelRunner, RunItem, _DecodeSlots
 from services.worker.engine.request import SeqState
 from services.worker.engine.scheduler import Work
 
@@ -124,6 +124,24 @@ def test_rows_too_big_for_a_dense_copy_fall_back_to_the_pool(model: Any) -> None
         assert (fast._slots.slots > 0) == (active == [1, 2])
         for i, token in zip(active, want.argmax(-1).tolist(), strict=True):
             ids[i].append(token)
+
+
+def test_a_batch_growing_to_the_pool_size_regrows_its_dense_slots_a_few_times() -> None:
+    """128 prompts of 128 tokens join 8 a step, then decode to 256 tokens each, in a pool
+    of 128 x 264 tokens: each new buffer copies every slot, so near the pool's size the
+    buffer takes all the room the limit leaves, not just one block more."""
+    limit, bs = 128 * 264, BLOCK
+    slots = _DecodeSlots([0], 1, 1, bs, limit)
+    sizes, held = [], (0, 0)
+    joins = [min(128, 8 * (k + 1)) for k in range(16)] + [128] * 128
+    for step, rows in enumerate(joins):
+        need = min(256, 129 + step)  # the longest row: prompt and output
+        if rows > held[0] or need > held[1]:
+            size = slots._size_for(rows, need)
+            assert size is not None and size[0] * size[1] <= limit
+            assert size[0] >= rows and size[1] >= need
+            sizes.append(held := size)
+    assert len(sizes) <= 7, sizes
 
 
 def test_batched_prefill_matches_one_chunk_at_a_time(model: Any) -> None:

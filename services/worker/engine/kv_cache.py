@@ -171,6 +171,10 @@ class KVCacheManager:
     _chains: ChainMemo = field(init=False)
     _by_hash: dict[int, int] = field(init=False)
     _tables: dict[str, list[int]] = field(init=False)
+    # Per sequence, its leading blocks that are settled in the prefix cache (registered,
+    # or released behind the window) and the chained hash of the last of them: a commit
+    # hashes on from there instead of from the first block every step.
+    _settled: dict[str, tuple[int, int | None]] = field(init=False)
     stats: KVStats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -180,6 +184,7 @@ class KVCacheManager:
         self._chains = self.chains if self.chains is not None else ChainMemo(self.block_size)
         self._by_hash = {}
         self._tables = {}
+        self._settled = {}
         self.stats = self._pool.stats
 
     @property
@@ -371,15 +376,20 @@ class KVCacheManager:
         table = self._tables[seq_id]
         bs = self.block_size
         if self.enable_prefix_cache:
-            parent: int | None = None
-            for i in range(min(num_computed // bs, len(table))):
+            settled, parent = self._settled.get(seq_id, (0, None))
+            for i in range(settled, min(num_computed // bs, len(table))):
                 chunk = tuple(token_ids[i * bs : (i + 1) * bs])
                 h = chain_hash(parent, chunk)
                 parent = h
-                if table[i] == HOLE:
-                    continue
-                if self._blocks[table[i]].hash is None and h not in self._by_hash:
+                if table[i] != HOLE and self._blocks[table[i]].hash is None:
+                    if h in self._by_hash:
+                        # Another block holds this content: try again next step (it may
+                        # be evicted by then), and every block after it with it.
+                        continue
                     self._pool.register(table[i], self._by_hash, h, chunk, i)
+                if settled == i:
+                    settled = i + 1
+                    self._settled[seq_id] = (settled, h)
             self.stats.cached_blocks = self._pool.cached
         if self.window is not None:
             # Position p attends to (p - window, p]: blocks wholly before the first
@@ -396,6 +406,8 @@ class KVCacheManager:
         never registered in the prefix cache, and go back to the pool."""
         table = self._tables[seq_id]
         keep = self.blocks_for(num_tokens)
+        if self._settled.get(seq_id, (0, None))[0] > keep:
+            del self._settled[seq_id]
         while len(table) > keep:
             bid = table.pop()
             if bid != HOLE:
@@ -404,6 +416,7 @@ class KVCacheManager:
 
     def free(self, seq_id: str) -> None:
         """Release the sequence's blocks; full ones stay cached until evicted."""
+        self._settled.pop(seq_id, None)
         for bid in reversed(self._tables.pop(seq_id, [])):
             if bid != HOLE:
                 self._pool.unref(bid)

@@ -273,11 +273,15 @@ class _DecodeSlots:
         def up(n: int) -> int:
             return -(-n // bs) * bs
 
-        roomy = (max(8, -(-rows * 3 // 2)), up(need + max(4 * bs, need // 4)))
-        for slots, cap in (roomy, (rows, up(need + 4 * bs)), (rows, up(need))):
-            if slots * cap <= self.limit_tokens:
-                return slots, cap
-        return None
+        slots, cap = max(8, -(-rows * 3 // 2)), up(need + max(4 * bs, need // 4))
+        if slots * cap <= self.limit_tokens:
+            return slots, cap
+        if rows * up(need) > self.limit_tokens:
+            return None
+        # Near the limit: the rows with as much of that headroom as fits, capacity first
+        # (every row grows each step; rows join only while the batch fills).
+        cap = min(cap, self.limit_tokens // rows // bs * bs)
+        return min(slots, self.limit_tokens // cap), cap
 
     def _assign(self, items: Sequence[RunItem]) -> tuple[list[int], dict[int, int], list[int]]:
         """Each item's slot, which items already hold a slot (item → that slot) and which
@@ -330,15 +334,27 @@ class _DecodeSlots:
             return
         slots, cap = size
         old = (self.k, self.v)
-        # Zeros, not empty: stale slots are masked out, but NaN garbage would leak through
-        # the value product (0 * NaN).
         shape = (slots, self.kv_heads, cap, self.head_dim)
-        self.k = [torch.zeros(shape, dtype=like.dtype, device=dev) for _ in range(self.layers)]
-        self.v = [torch.zeros(shape, dtype=like.dtype, device=dev) for _ in range(self.layers)]
-        if keep:
+        n = min(cap, self.capacity)
+        # Rows that keep their slot (as they do while a batch grows) are copied with the
+        # slots below them as one block, straight into the new buffer; what is not copied
+        # is zeroed: stale slots are masked out, but NaN garbage would leak through the
+        # value product (0 * NaN).
+        block = min(slots, self.slots) if keep and not moves else 0
+
+        def fresh(buffers: list[torch.Tensor], layer: int) -> torch.Tensor:
+            b = torch.empty(shape, dtype=like.dtype, device=dev)
+            if block:
+                b[:block, :, :n].copy_(buffers[layer][:block, :, :n])
+                b[:block, :, n:].zero_()
+            b[block:].zero_()
+            return b
+
+        self.k = [fresh(old[0], layer) for layer in range(self.layers)]
+        self.v = [fresh(old[1], layer) for layer in range(self.layers)]
+        if keep and not block:
             src = torch.tensor([a for a, _ in keep], device=dev)
             dst = torch.tensor([b for _, b in keep], device=dev)
-            n = min(cap, self.capacity)
             for olds, news in zip(old, (self.k, self.v), strict=True):
                 for o, b in zip(olds, news, strict=True):
                     b[dst, :, :n] = o.index_select(0, src)[:, :, :n]
