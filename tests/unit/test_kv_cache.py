@@ -171,6 +171,8 @@ def test_commit_from_the_settled_blocks_on_caches_what_a_full_rescan_caches() ->
     for step in range(600):
         if len(live) < 4 and rng.random() < 0.3:
             ids = [*rng.choice(prefixes), *toks(10_000 + step * 50, rng.randrange(0, 2 * BS))]
+            if live and rng.random() < 0.4:  # what a live sequence holds, perhaps uncommitted
+                ids = list(live[rng.choice(sorted(live))][0])
             sid = f"s{step}"
             try:
                 got = [kv.allocate(sid, ids, len(ids)) for kv in (fast, ref)]
