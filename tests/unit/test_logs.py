@@ -47,7 +47,7 @@ def test_the_services_own_lines_are_never_held() -> None:
 
 STUCK = textwrap.dedent(
     """
-    import asyncio, sys
+    import asyncio
     from shared.logs import setup_logging
 
     async def waits_on_a_lock_nobody_releases(lock):

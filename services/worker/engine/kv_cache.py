@@ -376,8 +376,9 @@ class KVCacheManager:
         table = self._tables[seq_id]
         bs = self.block_size
         if self.enable_prefix_cache:
-            settled, parent = self._settled.get(seq_id, (0, None))
-            for i in range(settled, min(num_computed // bs, len(table))):
+            start, parent = self._settled.get(seq_id, (0, None))
+            settled = (start, parent)
+            for i in range(start, min(num_computed // bs, len(table))):
                 chunk = tuple(token_ids[i * bs : (i + 1) * bs])
                 h = chain_hash(parent, chunk)
                 parent = h
@@ -387,9 +388,9 @@ class KVCacheManager:
                         # be evicted by then), and every block after it with it.
                         continue
                     self._pool.register(table[i], self._by_hash, h, chunk, i)
-                if settled == i:
-                    settled = i + 1
-                    self._settled[seq_id] = (settled, h)
+                if settled[0] == i:
+                    settled = (i + 1, h)
+            self._settled[seq_id] = settled
             self.stats.cached_blocks = self._pool.cached
         if self.window is not None:
             # Position p attends to (p - window, p]: blocks wholly before the first
