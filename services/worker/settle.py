@@ -67,7 +67,9 @@ class Settler:
 
     async def _send_completions(self, ended: list[RequestState]) -> None:
         """Each request's ``Completion`` to its reply topic, waiting out a Kafka outage;
-        one that cannot be delivered at all is dead-lettered."""
+        one that cannot be delivered at all is dead-lettered. A send that failed may have
+        landed all the same (the broker wrote it and went away before its answer came):
+        before it is sent again, the reply topic is searched for it."""
         ctx = self.ctx
         pending = ended
         while pending:
@@ -84,17 +86,19 @@ class Settler:
                     await self._undeliverable(st, res)
                 elif isinstance(res, BaseException):
                     raise res
-            if failure is not None:
-                await asyncio.sleep(ctx.kafka_failed(failure))
-            else:
+            if failure is None:
                 ctx.kafka_dep.answered()
-            pending = retry
+                return
+            await asyncio.sleep(ctx.kafka_failed(failure))
+            landed = await self._landed(retry)
+            pending = [st for st in retry if st.request_id not in landed]
 
-    async def _landed(self, resettled: list[RequestState]) -> set[str]:
-        """Which of these requests, restored from the log of a worker that died settling
-        them, have their completion on the reply topic already (acknowledged before that
-        worker died)."""
-        return {st.request_id for st in resettled if await self._on_reply_topic(st)}
+    async def _landed(self, sent_before: list[RequestState]) -> set[str]:
+        """Which of these requests, whose completion may have been sent before (by a worker
+        that died settling them, or by a send here that failed without saying whether it
+        landed), have it on the reply topic already."""
+        found = await asyncio.gather(*(self._on_reply_topic(st) for st in sent_before))
+        return {st.request_id for st, on in zip(sent_before, found, strict=True) if on}
 
     async def _on_reply_topic(self, st: RequestState) -> bool:
         """Whether a request's completion is on its reply topic, waiting out a Kafka

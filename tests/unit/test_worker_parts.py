@@ -150,6 +150,18 @@ class FakeProducer:
         self.log.append(("dead_letter", topic))
 
 
+class SearchedSettler(Settler):
+    """A settler whose search of a reply topic reads the fake producer's log."""
+
+    def __init__(self, ctx: WorkerContext, log: list[Any]) -> None:
+        super().__init__(ctx)
+        self.log = log
+
+    async def _on_reply_topic(self, st: RequestState) -> bool:
+        self.log.append(("searched", st.request.reply.kafka_topic))
+        return ("completion", st.request.reply.kafka_topic) in self.log
+
+
 class FakeClaims:
     def __init__(self, log: list[Any]) -> None:
         self.log = log
@@ -191,9 +203,11 @@ async def test_done_markers_wait_for_completions_and_dead_letters_through_kafka_
     )
     bad.final = error_event(bad.request_id, 0, "engine_error", "boom")
     ctx.offsets.add(0, 7, [ok.request_id, bad.request_id])
-    await Settler(ctx).settle([ok, bad])
+    await SearchedSettler(ctx, log).settle([ok, bad])
     assert log == [
-        ("completion", "out"),  # after two refused tries
+        ("searched", "out"),  # after the first refused try: not there
+        ("searched", "out"),  # likewise after the second
+        ("completion", "out"),
         ("dead_letter", ctx.names.requests_dlq),  # likewise
         ("release", "done", tuple(sorted([ok.request_id, bad.request_id]))),
         ("commit", [8]),
