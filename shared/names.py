@@ -96,10 +96,10 @@ class Names:
         """Key naming the worker generating a request (expires if that worker dies)."""
         return f"{self.prefix}:claim:{{{request_id}}}"
 
-    def attempts(self, request_id: str) -> str:
-        """Counter of the claims taken on a request that did not end cleanly (its worker
-        crashed): past a limit the request is quarantined as a poison."""
-        return f"{self.prefix}:attempts:{{{request_id}}}"
+    def takers(self, request_id: str) -> str:
+        """Set of the worker processes that took a request's claim and did not end it
+        cleanly (they crashed): past a limit the request is quarantined as a poison."""
+        return f"{self.prefix}:takers:{{{request_id}}}"
 
     def cancelled(self, request_id: str) -> str:
         """Key set when a request is cancelled, for a worker that picks it up later."""

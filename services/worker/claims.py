@@ -1,13 +1,16 @@
 """Which worker generates a request: a claim key per request in Redis, taken, refreshed and
 released only by its holder (each a server-side script, so a check and its write are one
-step), with a count of the claims taken on the request that did not end cleanly.
+step), with the set of worker processes that took it and did not end it cleanly.
 
-A claim expires when its worker dies. A request whose claim was taken ``POISON_ATTEMPTS``
-times without a clean end (its workers crashed while it ran) is a poison: the next taker
-quarantines it instead of running it a third time."""
+A claim expires when its worker dies. A request taken by ``POISON_ATTEMPTS`` processes
+that did not end it cleanly (they crashed while it ran) is a poison: the next taker
+quarantines it instead of running it a third time. A process is counted once however often
+it takes the request (a take retried across a Redis failover, a batch delivered back to it,
+after its claim lapsed while Redis was away): a live worker is no crash."""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,29 +22,29 @@ from shared.redis_client import RedisAccess
 from shared.resp import RedisReplyError, RespWriter
 from shared.retry import transient_reply
 
-# Claims taken without a clean end after which a request is not run again: two crashes.
+# Processes that took a request without a clean end after which it is not run again.
 POISON_ATTEMPTS = 2
-ATTEMPTS_TTL_S = 24 * 3600
+TAKERS_TTL_S = 24 * 3600
 
-# KEYS: done marker, cancelled marker, claim, replay log, attempts.
-# ARGV: this worker, claim TTL (ms), attempts TTL (s).
+# KEYS: done marker, cancelled marker, claim, replay log, takers.
+# ARGV: this worker, claim TTL (ms), takers TTL (s), this process.
 # Returns: done, cancelled, ours (1 when taken now or held before), the newest log entry,
-# and the claims taken before this one that did not end cleanly.
+# and the other processes that took it and did not end it cleanly.
 _TAKE = b"""
 local done = redis.call('EXISTS', KEYS[1])
 local cancelled = redis.call('EXISTS', KEYS[2])
 local holder = redis.call('GET', KEYS[3])
-local ours, before = 0, tonumber(redis.call('GET', KEYS[5]) or '0')
-if done == 0 and not holder then
-  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
-  redis.call('INCR', KEYS[5])
+local ours = 0
+if done == 0 and (not holder or holder == ARGV[1]) then
+  if not holder then
+    redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
+  end
+  redis.call('SADD', KEYS[5], ARGV[4])
   redis.call('EXPIRE', KEYS[5], ARGV[3])
   ours = 1
-elseif holder == ARGV[1] then
-  ours, before = 1, math.max(before - 1, 0)
 end
 local last = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
-return {done, cancelled, ours, last, before}
+return {done, cancelled, ours, last, redis.call('SCARD', KEYS[5]) - ours}
 """
 
 # KEYS: claim. ARGV: this worker, claim TTL (ms). 1: still ours (taken again if Redis lost
@@ -57,21 +60,20 @@ end
 return 0
 """
 
-# KEYS: claim, done marker, attempts. ARGV: this worker, done TTL (s; 0: not finished),
-# and how it ends: 'done', 'handed_back' (the attempt does not count) or 'crashed' (it does).
+# KEYS: claim, done marker, takers. ARGV: this worker, done TTL (s; 0: not finished), how it
+# ends ('done', 'handed_back': this process's take ended cleanly, or 'crashed': it did not),
+# this process.
 _RELEASE = b"""
 if ARGV[3] == 'done' then
   redis.call('SET', KEYS[2], '1', 'EX', ARGV[2])
+  redis.call('DEL', KEYS[3])
+elseif ARGV[3] == 'handed_back' then
+  redis.call('SREM', KEYS[3], ARGV[4])
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-if ARGV[3] == 'done' then
-  redis.call('DEL', KEYS[3])
-elseif ARGV[3] == 'handed_back' and redis.call('DECR', KEYS[3]) <= 0 then
-  redis.call('DEL', KEYS[3])
-end
 return 1
 """
 
@@ -84,7 +86,7 @@ class Claim:
     cancelled: bool
     ours: bool  # this worker holds the claim (taken now, or before: a duplicate delivery)
     last_seq: int  # the newest event in its replay log, -1 if none
-    crashed_attempts: int  # claims on it taken before that did not end cleanly
+    crashed_attempts: int  # other processes that took it and did not end it cleanly
     # Its replay log ends with a final event: it ended, and its worker died while settling
     # it (its completion may have been acknowledged already).
     finished: bool = False
@@ -103,6 +105,9 @@ class Claims:
     ) -> None:
         self.names = names
         self.me = worker_id.encode()
+        # This process, among the takers of a request (a restart under the same worker id
+        # is another one).
+        self.process = f"{worker_id}:{secrets.token_hex(8)}".encode()
         self.ttl_ms = b"%d" % int(claim_ttl_s * 1000)
         self.conn = RespWriter(redis_url, name=f"tw-worker-{worker_id}-claims")
 
@@ -112,8 +117,8 @@ class Claims:
         cmds = [
             _eval(
                 _TAKE,
-                [n.done_marker(r), n.cancelled(r), n.claim(r), n.token_log(r), n.attempts(r)],
-                [self.me, self.ttl_ms, b"%d" % ATTEMPTS_TTL_S],
+                [n.done_marker(r), n.cancelled(r), n.claim(r), n.token_log(r), n.takers(r)],
+                [self.me, self.ttl_ms, b"%d" % TAKERS_TTL_S, self.process],
             )
             for r in rids
         ]
@@ -139,7 +144,11 @@ class Claims:
             raise ValueError(f"unknown way for a claim to end: {how!r}")
         n, ttl, end = self.names, b"%d" % done_ttl_s, how.encode()
         cmds = [
-            _eval(_RELEASE, [n.claim(r), n.done_marker(r), n.attempts(r)], [self.me, ttl, end])
+            _eval(
+                _RELEASE,
+                [n.claim(r), n.done_marker(r), n.takers(r)],
+                [self.me, ttl, end, self.process],
+            )
             for r in rids
         ]
         await self._execute(cmds)

@@ -43,7 +43,7 @@ async def test_claims_are_refreshed_and_released_only_by_their_holder(
         assert await redis.get(names.claim("r1")) == b"wa"
         await a.release(["r1"], "done", done_ttl_s=60)
         assert await redis.exists(names.done_marker("r1"))
-        assert not await redis.exists(names.claim("r1"), names.attempts("r1"))
+        assert not await redis.exists(names.claim("r1"), names.takers("r1"))
         [again] = await b.take(["r1"])
         assert again.done and not again.ours
     finally:
@@ -81,3 +81,34 @@ async def test_two_crashed_attempts_make_a_poison_and_handbacks_do_not_count(
     finally:
         for w in workers:
             await w.aclose()
+
+
+async def test_a_worker_taking_its_own_lapsed_claim_again_is_no_crash(
+    infra: dict[str, str], names: Names
+) -> None:
+    """A take retried across a Redis failover, or a batch delivered back to the worker
+    that held it, finds the claim lapsed (Redis was away longer than its TTL): the worker
+    is alive, so its own earlier attempt is no crash, however often that happens. A new
+    process under the same worker id is another attempt: the one before it died."""
+    url = infra["TW_REDIS_URL"]
+    w, other = Claims(url, names, "w", 0.2), Claims(url, names, "x", 0.2)
+    try:
+        for _ in range(POISON_ATTEMPTS + 1):
+            [c] = await w.take(["r"])
+            assert c.ours and c.crashed_attempts == 0 and not c.poison
+            await asyncio.sleep(0.3)  # lapsed while this worker could not refresh it
+        [c] = await other.take(["r"])
+        assert c.ours and c.crashed_attempts == 1  # w may have died: counted once
+        await other.release(["r"], "handed_back")
+        restarted = Claims(url, names, "w", 0.2)
+        try:
+            [c] = await restarted.take(["r"])
+            assert c.ours and c.crashed_attempts == 1  # the process before it
+            await restarted.release(["r"], "handed_back")
+        finally:
+            await restarted.aclose()
+        [c] = await w.take(["r"])  # the first process, alive after all
+        assert c.ours and c.crashed_attempts == 0
+    finally:
+        for claims in (w, other):
+            await claims.aclose()

@@ -199,8 +199,8 @@ async def test_a_completion_acknowledged_before_a_crash_is_not_sent_again(bare: 
 
 
 async def test_a_poison_is_quarantined_and_the_rest_of_its_batch_is_served(bare: Stack) -> None:
-    """A request that was running during two worker crashes (its crashed-attempt count in
-    Redis) is not run a third time: it gets an error event and a dead letter with the
+    """A request that was running during two worker crashes (the processes that took it
+    and died, in Redis) is not run a third time: it gets an error event and a dead letter with the
     reason ``poison``, and the other request of its batch is served."""
     st = bare
     st.start("worker")
@@ -208,7 +208,8 @@ async def test_a_poison_is_quarantined_and_the_rest_of_its_batch_is_served(bare:
     poison, other = greedy_requests(2, 5, seed=12)
     redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
     try:
-        await redis.set(st.names.attempts(poison.request_id), POISON_ATTEMPTS, ex=600)
+        crashed = [f"gone:{i}" for i in range(POISON_ATTEMPTS)]  # processes that died under it
+        await redis.sadd(st.names.takers(poison.request_id), *crashed)
         batch = Batch(requests=[poison, other])
         await produce(st.env["TW_KAFKA_BOOTSTRAP"], st.names.batches, [encode(batch)])
         bad = await wait_final(redis, st, poison.request_id)

@@ -35,7 +35,7 @@ def test_every_key_of_a_request_shares_its_slot() -> None:
         n.token_log("r1"),
         n.done_marker("r1"),
         n.claim("r1"),
-        n.attempts("r1"),
+        n.takers("r1"),
         n.cancelled("r1"),
         n.owner("r1"),
     ]
