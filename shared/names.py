@@ -5,7 +5,7 @@ test runs can share one Kafka cluster and one Redis server without seeing each o
 
 Redis keys that one command or script touches together carry the same hash tag (the part
 in braces), so on a Redis Cluster they live in one slot: a request's channel, replay log,
-claim, attempts, owner, cancel flag and done marker are tagged with its id, a tenant's
+claim, takers, owner, cancel flag and done marker are tagged with its id, a tenant's
 cache keys with the tenant, an API key's rate buckets with the key. ``sharded`` (a Redis
 Cluster, ``TW_REDIS_CLUSTER``) carries token channels on sharded pub/sub (``SPUBLISH``,
 ``SSUBSCRIBE``: each message stays on its slot's shard) instead of the classic commands,
