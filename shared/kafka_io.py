@@ -401,7 +401,7 @@ class Outages(Protocol):
 
     def failed(self, exc: BaseException) -> object: ...
 
-    def answered(self) -> None: ...
+    def answered(self, asked_at: float | None = None) -> None: ...
 
 
 class KafkaProbe:
@@ -443,12 +443,13 @@ class KafkaProbe:
 
     async def probe(self) -> bool:
         """Ask once and report the answer; True when the topics are served."""
+        asked_at = time.monotonic()
         try:
             unserved = await asyncio.wait_for(self._unserved(), self._timeout_s)
         except TimeoutError:
             unserved = f"no broker answered within {self._timeout_s:g} s"
         if unserved is None:
-            self._outages.answered()
+            self._outages.answered(asked_at)
             return True
         self._outages.failed(KafkaConnectionError(unserved))
         return False

@@ -120,7 +120,12 @@ class Dependency:
                 self._metrics.outages.labels(self.name).inc()
         return self.backoff.next_delay()
 
-    def answered(self) -> None:
+    def answered(self, asked_at: float | None = None) -> None:
+        """Record an answer; ``asked_at`` (``time.monotonic()``) is when its call was made. A
+        call made before the outage was found (a send in flight as a broker shut down)
+        says nothing about now: its answer does not end the outage."""
+        if asked_at is not None and self.down_since is not None and asked_at < self.down_since:
+            return
         if self.down_since is not None:
             self._log.info("%s is back after %.1f s", self.name, time.monotonic() - self.down_since)
             self.down_since = None
@@ -136,10 +141,11 @@ class Dependency:
         """``await fn()`` until it does not raise one of ``errors``, backing off between
         tries. Cancellation (a stopping service) ends the wait."""
         while True:
+            asked_at = time.monotonic()
             try:
                 result = await fn()
             except errors as exc:
                 await asyncio.sleep(self.failed(exc))
                 continue
-            self.answered()
+            self.answered(asked_at)
             return result

@@ -53,8 +53,8 @@ class Gate:
     def failed(self, exc: BaseException) -> None:
         self._retry_at = time.monotonic() + self.dependency.failed(exc)
 
-    def answered(self) -> None:
-        self.dependency.answered()
+    def answered(self, asked_at: float | None = None) -> None:
+        self.dependency.answered(asked_at)
 
 
 class RedisAway(Exception):
@@ -81,12 +81,13 @@ class RedisLink:
         """``await op(client)``, or ``RedisAway`` if Redis is away (now or still)."""
         if not self.gate.open():
             raise RedisAway
+        asked_at = time.monotonic()
         try:
             result = await op(self.client)
         except REDIS_DOWN as exc:
             self.gate.failed(exc)
             raise RedisAway from exc
-        self.gate.answered()
+        self.gate.answered(asked_at)
         return result
 
     async def aclose(self) -> None:

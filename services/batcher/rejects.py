@@ -8,6 +8,7 @@ loses them."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -101,6 +102,7 @@ class Rejects:
     async def _dead_letter(self, todo: list[Rejected]) -> None:
         if not todo or not self.kafka.open():
             return
+        asked_at = time.monotonic()
         acks = []
         for r in todo:
             letter = r.letter
@@ -119,7 +121,7 @@ class Rejects:
                 self._failed(exc, r)
                 continue
             r.dead_lettered = True
-            self.kafka.answered()
+            self.kafka.answered(asked_at)
             self.metrics.dead_letters.labels(reason=r.letter.reason).inc()
 
     def _failed(self, exc: KafkaError, r: Rejected) -> None:

@@ -705,6 +705,7 @@ class BatcherService:
             for part, group in groups.items()
             for run in pack([q.item.size for q in group], self._request_room)
         ]
+        asked_at = time.monotonic()
         acks = []
         for i, (part, chunk) in enumerate(chunks):
             batch = Batch(
@@ -723,7 +724,7 @@ class BatcherService:
             except KafkaError as exc:
                 self._send_failed(chunk, exc)
                 continue
-            self.kafka.answered()
+            self.kafka.answered(asked_at)
             sent += chunk
             self.batch_sizes.append(len(chunk))
             self.metrics.batch_size.observe(len(chunk))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,6 +147,7 @@ class WorkerContext:
         """Write a dead letter, waiting out a Kafka outage (and a producer renewal)."""
         data, key = encode(letter), dead_letter_key(letter)
         while True:
+            asked_at = time.monotonic()
             try:
                 await self.producer.send_and_wait(self.names.requests_dlq, data, key=key)
             except KafkaError as exc:
@@ -153,7 +155,7 @@ class WorkerContext:
                     raise
                 await asyncio.sleep(self.kafka_failed(exc))
                 continue
-            self.kafka_dep.answered()
+            self.kafka_dep.answered(asked_at)
             return
 
     def kafka_failed(self, exc: KafkaError) -> float:

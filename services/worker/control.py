@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiokafka.errors import KafkaError
 
@@ -41,12 +42,13 @@ class Heartbeat:
     async def run(self) -> None:
         ctx = self.ctx
         while True:
+            asked_at = time.monotonic()
             try:
                 await self.beat()
             except REDIS_DOWN as exc:
                 await asyncio.sleep(ctx.redis_dep.failed(exc))
                 continue
-            ctx.redis_dep.answered()
+            ctx.redis_dep.answered(asked_at)
             ctx.nudge.clear()
             try:
                 await asyncio.wait_for(ctx.nudge.wait(), ctx.settings.heartbeat_interval_s)

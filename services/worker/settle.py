@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
@@ -73,6 +74,7 @@ class Settler:
         ctx = self.ctx
         pending = ended
         while pending:
+            asked_at = time.monotonic()
             results = await asyncio.gather(
                 *(self._send_completion(st) for st in pending), return_exceptions=True
             )
@@ -87,7 +89,7 @@ class Settler:
                 elif isinstance(res, BaseException):
                     raise res
             if failure is None:
-                ctx.kafka_dep.answered()
+                ctx.kafka_dep.answered(asked_at)
                 return
             await asyncio.sleep(ctx.kafka_failed(failure))
             landed = await self._landed(retry)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,3 +224,22 @@ def test_the_heartbeat_says_how_its_prefix_hashes_were_cut() -> None:
     assert (hb.block_size, hb.affinity_depth) == (32, AFFINITY_DEPTH)
     assert (hb.worker_id, hb.partitions, hb.prefix_hashes) == ("w", [0, 2], [7, 8])
     assert (hb.free_slots, hb.free_kv_tokens, hb.kv_used_tokens) == (5, 6 * 32, 4 * 32)
+
+
+def test_an_answer_to_a_call_made_before_an_outage_was_found_does_not_end_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A broker shutting down answers a send already in flight just after a probe found it
+    gone: that answer says nothing about now. Only a call made since ends the outage, so
+    the outage is logged once when it starts and once when it ends."""
+    dep = Dependency("kafka", logging.getLogger("test.dependency"))
+    asked = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="test.dependency"):
+        dep.failed(ConnectionError("no leader"))
+        dep.answered(asked_at=asked)
+        assert not dep.up
+        dep.failed(ConnectionError("gone"))
+        dep.answered(asked_at=time.monotonic())
+        assert dep.up
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "unreachable" in lines[0] and "is back" in lines[1], lines
