@@ -4,7 +4,6 @@ the broker took it (its acknowledgement lost as the broker went away) is not sen
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import orjson
@@ -12,16 +11,14 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError
 
 from services.worker.config import WorkerSettings
-from services.worker.context import WorkerContext
 from services.worker.events import RequestState
-from services.worker.metrics import WorkerMetrics
 from services.worker.requests import Phase
 from services.worker.settle import Settler
 from shared.kafka_io import RenewingProducer, ensure_topics
 from shared.messages import FinishReason, GenerateRequest, ReplyTarget, TokenEvent
-from shared.retry import Dependency
 from tests.conftest import new_prefix
 from tests.integration.harness import read_topic
+from tests.unit.test_worker_parts import FakeClaims, FakeConsumer, worker_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -45,19 +42,6 @@ class AckLost:
         return await self.producer.partitions_for(topic)
 
 
-class Released:
-    def __init__(self) -> None:
-        self.rids: list[str] = []
-
-    async def release(self, rids: list[str], how: str, *, done_ttl_s: int = 0) -> None:
-        self.rids += rids
-
-
-class NoCommits:
-    async def commit(self, offsets: dict[Any, int]) -> None:
-        pass
-
-
 async def test_a_completion_whose_acknowledgement_was_lost_is_not_sent_again(
     infra: dict[str, str],
 ) -> None:
@@ -69,21 +53,8 @@ async def test_a_completion_whose_acknowledgement_was_lost_is_not_sent_again(
     await ensure_topics(settings, {topic: 3})
     producer = RenewingProducer(settings, client_id="settle-test")
     await producer.start()
-    released = Released()
-    ctx = WorkerContext(
-        settings=settings,
-        runner=None,  # type: ignore[arg-type]
-        tokenizer=None,
-        metrics=WorkerMetrics("w"),
-        redis_dep=Dependency("redis", logging.getLogger("test")),
-        kafka_dep=Dependency("kafka", logging.getLogger("test")),
-        redis=None,  # type: ignore[arg-type]
-        publisher=None,  # type: ignore[arg-type]
-        claims=released,  # type: ignore[arg-type]
-        producer=AckLost(producer, lose=2),  # type: ignore[arg-type]
-        kafka_probe=None,  # type: ignore[arg-type]
-        consumer=NoCommits(),
-    )
+    log: list[Any] = []
+    ctx = worker_context(AckLost(producer, lose=2), FakeClaims(log), FakeConsumer(log), settings)
     ended = []
     for i in range(3):
         req = GenerateRequest(prompt=f"p{i}", reply=ReplyTarget(kafka_topic=topic))
@@ -98,7 +69,7 @@ async def test_a_completion_whose_acknowledgement_was_lost_is_not_sent_again(
     finally:
         await producer.stop()
     rids = sorted(st.request_id for st in ended)
-    assert sorted(released.rids) == rids
+    assert ("release", "done", tuple(rids)) in log
     await asyncio.sleep(1.0)  # time for a late duplicate to show
     raw = await read_topic(infra["TW_KAFKA_BOOTSTRAP"], topic, lambda _: False, 3.0)
     assert sorted(orjson.loads(v)["request_id"] for v in raw) == rids

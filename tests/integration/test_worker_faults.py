@@ -200,8 +200,8 @@ async def test_a_completion_acknowledged_before_a_crash_is_not_sent_again(bare: 
 
 async def test_a_poison_is_quarantined_and_the_rest_of_its_batch_is_served(bare: Stack) -> None:
     """A request that was running during two worker crashes (the processes that took it
-    and died, in Redis) is not run a third time: it gets an error event and a dead letter with the
-    reason ``poison``, and the other request of its batch is served."""
+    and died, in Redis) is not run a third time: it gets an error event and a dead letter
+    with the reason ``poison``, and the other request of its batch is served."""
     st = bare
     st.start("worker")
     await st.wait_ready()

@@ -76,7 +76,7 @@ def test_the_outputs_of_a_handed_back_run_never_reach_the_next_run_of_its_reques
     """A request handed back while running (a rebalance) and delivered here again runs
     anew; the old run's last token and its abort, still on their way from the engine,
     are dropped: the new run is neither cut short as cancelled nor given a stale token."""
-    ctx = _ctx(None, None, None)
+    ctx = worker_context(None, None, None)
     ctx.runner = Runner()  # type: ignore[assignment]
     req = GenerateRequest(prompt="The list")
     rid = req.request_id
@@ -105,9 +105,12 @@ def test_the_outputs_of_a_handed_back_run_never_reach_the_next_run_of_its_reques
     assert not ctx.retired
 
 
-def _ctx(producer: Any, claims: Any, consumer: Any) -> WorkerContext:
-    settings = WorkerSettings(model_dir="/nonexistent", worker_id="w")
-    metrics = WorkerMetrics("w")
+def worker_context(
+    producer: Any, claims: Any, consumer: Any, settings: WorkerSettings | None = None
+) -> WorkerContext:
+    """A worker's context with no engine, Redis or publisher: what settling needs."""
+    settings = settings or WorkerSettings(model_dir="/nonexistent", worker_id="w")
+    metrics = WorkerMetrics(settings.worker_id)
     return WorkerContext(
         settings=settings,
         runner=None,  # type: ignore[arg-type]
@@ -191,7 +194,9 @@ async def test_done_markers_wait_for_completions_and_dead_letters_through_kafka_
     for good, which is replaced) is tried again: never dead-lettered as undeliverable,
     never settled before it is acknowledged."""
     log: list[Any] = []
-    ctx = _ctx(FakeProducer(log, down=2, error=refusal), FakeClaims(log), FakeConsumer(log))
+    ctx = worker_context(
+        FakeProducer(log, down=2, error=refusal), FakeClaims(log), FakeConsumer(log)
+    )
     ok = RequestState(
         GenerateRequest(prompt="p", reply=ReplyTarget(kafka_topic="out")), 0, 7, Phase.RUNNING
     )
