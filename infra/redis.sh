@@ -154,9 +154,14 @@ cluster-node-timeout $NODE_TIMEOUT_MS
 # every command (CLUSTERDOWN) until a failover ends, or for good once a shard has no node
 # left, and the streams on the healthy shards would stop with it.
 cluster-require-full-coverage no
-# A replica's first copy starts at once, not after the default 5 s wait for others to
-# share it (each master here has its own few replicas): until then it cannot take over.
-repl-diskless-sync-delay 0
+# A replica copies its master through a file, not a socket. After a diskless copy the
+# master streams writes to the replica only from the replica's first acknowledgement, up
+# to a second after the replica reports itself in sync: a master lost in that second took
+# acknowledged writes with it (replay-log entries the promoted replica never had), and the
+# writers' WAIT for a replica (200 ms) did not cover it. After a file the master streams
+# at once. The file is deleted once sent (no RDB snapshots are kept).
+repl-diskless-sync no
+rdb-del-sync-files yes
 EOF
   if [ "$TW_REDIS_TLS" = on ]; then printf 'tls-cluster yes\ntls-replication yes\n'; fi
   if [ "$TW_REDIS_ACL" = on ]; then echo "include $DIR/replication.conf"; fi
