@@ -61,8 +61,7 @@ def test_dense_decode_slots_match_paged_decode_as_rows_join_and_leave(model: Any
             ref.forward([r.item(n, keyed=False)])
             f.computed = r.computed = n
     # Which sequences decode at each step: joins, leaves, a comeback, growth past the first
-    # buffer's slots, then a quiet tail on a short row that lets the buffers shrink.
-    fast._slots.shrink_floor = 0
+    # views' slots and capacity, then a quiet tail on one short row.
     schedule = (
         [[0, 1, 2]] * 3
         + [[0, 2, 3, 4]] * 3  # 1 leaves, 3 and 4 join
@@ -124,6 +123,32 @@ def test_rows_too_big_for_a_dense_copy_fall_back_to_the_pool(model: Any) -> None
         assert (fast._slots.slots > 0) == (active == [1, 2])
         for i, token in zip(active, want.argmax(-1).tolist(), strict=True):
             ids[i].append(token)
+
+
+def test_dense_slots_keep_their_rows_in_one_buffer_as_slots_and_capacity_grow() -> None:
+    """More slots of the same capacity extend the views over the same memory with the held
+    rows in place and the new slots zeroed; a longer capacity lays the held rows out again,
+    moved to their new slots, still in that memory."""
+    slots = _DecodeSlots([0, 0], 2, 3, 4, 400)
+    like = torch.zeros(1)
+    slots._fit((4, 8), 4, 8, [], like)
+    for buf in (*slots.k, *slots.v):
+        buf.copy_(torch.arange(buf.numel(), dtype=buf.dtype).view(buf.shape) + 1)
+    before = [b.clone() for b in (*slots.k, *slots.v)]
+    memory = [b.data_ptr() for b in (*slots.k, *slots.v)]
+
+    slots._fit((10, 8), 6, 8, [(r, r) for r in range(4)], like)
+    assert (slots.slots, slots.capacity) == (10, 8)
+    for b, old, at in zip((*slots.k, *slots.v), before, memory, strict=True):
+        assert b.shape == (10, 2, 8, 3) and b.data_ptr() == at
+        assert torch.equal(b[:4], old) and not b[4:].any()
+
+    slots._fit((6, 16), 5, 12, [(0, 0), (3, 1), (1, 4)], like)
+    assert (slots.slots, slots.capacity) == (6, 16)
+    for b, old, at in zip((*slots.k, *slots.v), before, memory, strict=True):
+        assert b.shape == (6, 2, 16, 3) and b.data_ptr() == at
+        for new_slot, old_slot in ((0, 0), (1, 3), (4, 1)):
+            assert torch.equal(b[new_slot, :, :8], old[old_slot])
 
 
 def test_a_batch_growing_to_the_pool_size_regrows_its_dense_slots_a_few_times() -> None:

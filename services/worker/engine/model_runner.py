@@ -194,10 +194,15 @@ class _ShapeProbe:
 class _DecodeSlots:
     """Dense per-row KV of the decoding sequences: ``[slots, kv_heads, capacity, head_dim]``
     per layer, slot ``r`` holding positions ``0 … lengths[r]-1`` of sequence ``keys[r]``.
-    Never larger than ``limit_tokens`` slot-tokens (the pool's size)."""
+    Never larger than ``limit_tokens`` slot-tokens (the pool's size).
 
-    # Never shrink below this many slot-tokens (times 4): small buffers aren't worth a copy.
-    shrink_floor = 1 << 12
+    Each layer's keys and values are views of one buffer of that size, allocated once and
+    zeroed only as far as a view has reached (on a CPU its pages are touched as used). A
+    new buffer per regrowth, copied into, cost more than the copy: on 128 rows joining a
+    few a step, four regrowths of fresh memory took 0.05-0.6 s each on this machine, page
+    faults on a busy host. Slots are laid out one after another, so more slots of the same
+    capacity extend the views with nothing to move; another capacity lays the held rows out
+    again."""
 
     def __init__(
         self,
@@ -211,9 +216,12 @@ class _DecodeSlots:
         self.layers, self.kv_heads, self.head_dim = len(group_of), kv_heads, head_dim
         self.block_size = block_size
         self.limit_tokens = limit_tokens
+        self._flat: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        self._zeroed = 0  # elements of each buffer zeroed or written since allocation
         self.release()
 
     def release(self) -> None:
+        """Forget every row (the buffers stay, for the next rows)."""
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.slots = self.capacity = 0
@@ -319,46 +327,66 @@ class _DecodeSlots:
         like: torch.Tensor,
     ) -> None:
         """Make room for ``rows`` slots of ``need`` tokens, carrying the ``keep`` rows from
-        their old slot to their new one: in place, or into new buffers of ``size`` when the
-        old ones are too small or mostly idle."""
-        grow = rows > self.slots or need > self.capacity
-        shrink = self.slots * self.capacity > 4 * max(size[0] * size[1], self.shrink_floor)
-        moves = [(a, b) for a, b in keep if a != b]
+        their old slot to their new one: in the views held, or in views of ``size`` when
+        those are too small."""
         dev = like.device
-        if not (grow or shrink):
-            if moves:
-                src = torch.tensor([a for a, _ in moves], device=dev)
-                dst = torch.tensor([b for _, b in moves], device=dev)
-                for buf in (*self.k, *self.v):
-                    buf[dst] = buf.index_select(0, src)
-            return
-        slots, cap = size
-        old = (self.k, self.v)
+        moves = [(a, b) for a, b in keep if a != b]
+        if rows > self.slots or need > self.capacity:
+            slots, cap = size
+            if cap == self.capacity:  # more slots: the held ones stay where they are
+                self.k, self.v = self._views(slots, cap, like)
+            else:
+                self._relayout(slots, cap, keep, like)
+                moves = []
+            self.slots, self.capacity = slots, cap
+        if moves:
+            src = torch.tensor([a for a, _ in moves], device=dev)
+            dst = torch.tensor([b for _, b in moves], device=dev)
+            for buf in (*self.k, *self.v):
+                buf[dst] = buf.index_select(0, src)
+
+    def _views(
+        self, slots: int, cap: int, like: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each layer's keys and values as ``[slots, kv_heads, cap, head_dim]`` views of the
+        buffers (allocated at the first call), zeroed where no view reached before: stale
+        slots are masked out, but NaN garbage would leak through the value product (0 * NaN)."""
+        per_token = self.kv_heads * self.head_dim
+        if not self._flat[0]:
+            n = self.limit_tokens * per_token
+
+            def buffers() -> list[torch.Tensor]:
+                return [torch.empty(n, dtype=like.dtype, device=like.device) for _ in self.group_of]
+
+            self._flat = (buffers(), buffers())
+            self._zeroed = 0
+        end = slots * cap * per_token
         shape = (slots, self.kv_heads, cap, self.head_dim)
+        for bufs in self._flat:
+            for flat in bufs:
+                if end > self._zeroed:
+                    flat[self._zeroed : end].zero_()
+        self._zeroed = max(self._zeroed, end)
+        return (
+            [flat[:end].view(shape) for flat in self._flat[0]],
+            [flat[:end].view(shape) for flat in self._flat[1]],
+        )
+
+    def _relayout(
+        self, slots: int, cap: int, keep: list[tuple[int, int]], like: torch.Tensor
+    ) -> None:
+        """Views of another capacity, the ``keep`` rows' tokens carried from their old slot
+        to their new one (taken out of the buffer first: the new views overlap the old)."""
         n = min(cap, self.capacity)
-        # Rows that keep their slot (as they do while a batch grows) are copied with the
-        # slots below them as one block, straight into the new buffer; what is not copied
-        # is zeroed: stale slots are masked out, but NaN garbage would leak through the
-        # value product (0 * NaN).
-        block = min(slots, self.slots) if keep and not moves else 0
-
-        def fresh(buffers: list[torch.Tensor], layer: int) -> torch.Tensor:
-            b = torch.empty(shape, dtype=like.dtype, device=dev)
-            if block:
-                b[:block, :, :n].copy_(buffers[layer][:block, :, :n])
-                b[:block, :, n:].zero_()
-            b[block:].zero_()
-            return b
-
-        self.k = [fresh(old[0], layer) for layer in range(self.layers)]
-        self.v = [fresh(old[1], layer) for layer in range(self.layers)]
-        if keep and not block:
-            src = torch.tensor([a for a, _ in keep], device=dev)
-            dst = torch.tensor([b for _, b in keep], device=dev)
-            for olds, news in zip(old, (self.k, self.v), strict=True):
-                for o, b in zip(olds, news, strict=True):
-                    b[dst, :, :n] = o.index_select(0, src)[:, :, :n]
-        self.slots, self.capacity = slots, cap
+        old = (self.k, self.v)
+        self.k, self.v = self._views(slots, cap, like)
+        if not keep:
+            return
+        src = torch.tensor([a for a, _ in keep], device=like.device)
+        dst = torch.tensor([b for _, b in keep], device=like.device)
+        for olds, news in zip(old, (self.k, self.v), strict=True):
+            for o, b in zip(olds, news, strict=True):
+                b[dst, :, :n] = o.index_select(0, src)[:, :, :n]
 
     def _load(
         self,
