@@ -1,15 +1,19 @@
-"""Incremental detokenization against a byte-level decoder: no split characters, exact stops."""
+"""Incremental detokenization against a byte-level decoder: no split characters, exact stops;
+and the tokenizers library's incremental decoder giving the same text as the windowed
+decode on the embedded model's tokenizer."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import AutoTokenizer
 
-from services.worker.engine.text import TextStream
+from services.worker.engine.text import Step, TextStream, incremental_decoders
 
 REPLACEMENT = "\ufffd"
 
@@ -315,3 +319,69 @@ def test_a_kept_stop_string_ends_the_text_at_its_first_occurrence(
     assert "".join(deltas) + tail == (text[: at + len(stop)] if at >= 0 else text)
     assert ts.stopped == (at >= 0)
     assert all(REPLACEMENT not in d for d in deltas)
+
+
+# --- the tokenizers library's incremental decoder ------------------------------------------------
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: str) -> Any:
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def both(
+    tokenizer: Any, ids: list[int], stop: Sequence[str] = (), step: Step | None = None
+) -> list[tuple[list[str], str, bool]]:
+    """Deltas, flushed tail and whether stopped, of the windowed and the incremental stream."""
+    maker = incremental_decoders(tokenizer)
+    assert maker is not None
+    out = []
+    for ts in (TextStream(tokenizer, stop), TextStream(tokenizer, stop, step=step or maker())):
+        deltas = [ts.push([t]) for t in ids]
+        out.append((deltas, ts.flush(), ts.stopped))
+    return out
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(st.data())
+def test_the_incremental_decoder_streams_the_windowed_decode_text(
+    tokenizer: Any, data: st.DataObject
+) -> None:
+    # Ids of whole words, of single bytes (characters split across ids) and special ids.
+    text = data.draw(TEXT)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids += data.draw(st.lists(st.integers(0, len(tokenizer) - 1), max_size=30))
+    ids = data.draw(st.permutations(ids)) if data.draw(st.booleans()) else ids
+    stop = data.draw(st.lists(stop_strings(text), max_size=2))
+    windowed, incremental = both(tokenizer, ids, stop)
+    assert incremental == windowed
+
+
+def test_a_failing_incremental_decoder_hands_over_to_windows(tokenizer: Any) -> None:
+    ids = tokenizer.encode("Hello wörld, and ünïcode to follow", add_special_tokens=False)
+    maker = incremental_decoders(tokenizer)
+    assert maker is not None
+    inner, calls = maker(), [0]
+
+    def failing(tid: int) -> str | None:
+        calls[0] += 1
+        if calls[0] > 4:
+            raise ValueError("refused")
+        return inner(tid)
+
+    (w_deltas, w_tail, _), (i_deltas, i_tail, _) = both(tokenizer, ids, step=failing)
+    assert "".join(i_deltas) + i_tail == "".join(w_deltas) + w_tail
+    assert i_deltas[:4] == w_deltas[:4]
+
+
+def test_a_tokenizer_whose_decode_does_more_gets_no_incremental_decoder(tokenizer: Any) -> None:
+    class Shouting:
+        backend_tokenizer = tokenizer.backend_tokenizer
+
+        def __len__(self) -> int:
+            return len(tokenizer)
+
+        def decode(self, ids: Sequence[int], **kwargs: bool) -> str:
+            return str(tokenizer.decode(ids, **kwargs)).upper()
+
+    assert incremental_decoders(tokenizer) is not None
+    assert incremental_decoders(Shouting()) is None
+    assert incremental_decoders(ByteDecoder()) is None  # no Rust tokenizer behind it

@@ -26,7 +26,7 @@ from services.worker.engine.request import SeqState, Status
 from services.worker.engine.sampler import Picker, SamplingConfig, adjust, make_generator
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig, StepPlan, Work
 from services.worker.engine.speculation import SpecConfig, propose
-from services.worker.engine.text import TextStream
+from services.worker.engine.text import TextStream, incremental_decoders
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,7 @@ class Engine:
         if eos is None:
             eos = tokenizer.eos_token_id
         self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self._text_steps = incremental_decoders(tokenizer)
         self.drafter: DraftModel | None = None
         spec = config.speculation
         if spec.enabled and spec.method == "draft":
@@ -260,7 +261,12 @@ class Engine:
         self._live[req.request_id] = _Live(
             req,
             seq,
-            TextStream(self.tokenizer, req.stop, include_stop=req.include_stop),
+            TextStream(
+                self.tokenizer,
+                req.stop,
+                include_stop=req.include_stop,
+                step=self._text_steps() if self._text_steps else None,
+            ),
             gen,
             stop_ids,
             constraint,
