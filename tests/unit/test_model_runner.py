@@ -130,20 +130,19 @@ def test_dense_slots_keep_their_rows_in_one_buffer_as_slots_and_capacity_grow() 
     rows in place and the new slots zeroed; a longer capacity lays the held rows out again,
     moved to their new slots, still in that memory."""
     slots = _DecodeSlots([0, 0], 2, 3, 4, 400)
-    like = torch.zeros(1)
-    slots._fit((4, 8), 4, 8, [], like)
+    slots._fit((4, 8), 4, 8, [])
     for buf in (*slots.k, *slots.v):
         buf.copy_(torch.arange(buf.numel(), dtype=buf.dtype).view(buf.shape) + 1)
     before = [b.clone() for b in (*slots.k, *slots.v)]
     memory = [b.data_ptr() for b in (*slots.k, *slots.v)]
 
-    slots._fit((10, 8), 6, 8, [(r, r) for r in range(4)], like)
+    slots._fit((10, 8), 6, 8, [(r, r) for r in range(4)])
     assert (slots.slots, slots.capacity) == (10, 8)
     for b, old, at in zip((*slots.k, *slots.v), before, memory, strict=True):
         assert b.shape == (10, 2, 8, 3) and b.data_ptr() == at
         assert torch.equal(b[:4], old) and not b[4:].any()
 
-    slots._fit((6, 16), 5, 12, [(0, 0), (3, 1), (1, 4)], like)
+    slots._fit((6, 16), 5, 12, [(0, 0), (3, 1), (1, 4)])
     assert (slots.slots, slots.capacity) == (6, 16)
     for b, old, at in zip((*slots.k, *slots.v), before, memory, strict=True):
         assert b.shape == (6, 2, 16, 3) and b.data_ptr() == at

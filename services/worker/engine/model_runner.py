@@ -196,13 +196,13 @@ class _DecodeSlots:
     per layer, slot ``r`` holding positions ``0 … lengths[r]-1`` of sequence ``keys[r]``.
     Never larger than ``limit_tokens`` slot-tokens (the pool's size).
 
-    Each layer's keys and values are views of one buffer of that size, allocated once and
-    zeroed only as far as a view has reached (on a CPU its pages are touched as used). A
-    new buffer per regrowth, copied into, cost more than the copy: on 128 rows joining a
-    few a step, four regrowths of fresh memory took 0.05-0.6 s each on this machine, page
-    faults on a busy host. Slots are laid out one after another, so more slots of the same
-    capacity extend the views with nothing to move; another capacity lays the held rows out
-    again."""
+    Each layer's keys and values are views of one zeroed buffer of that size, allocated with
+    the pool: a batch that grows never waits on fresh memory. A new buffer per regrowth,
+    copied into, cost more than the copy: on 128 rows joining a few a step, regrowths into
+    fresh memory took 0.05-0.6 s each on this machine (page faults, on a VM that hands
+    freed pages back to its host). Slots lie one after another, so more slots of the same
+    capacity extend the views with nothing to move; another capacity lays the held rows
+    out again."""
 
     def __init__(
         self,
@@ -211,13 +211,19 @@ class _DecodeSlots:
         head_dim: int,
         block_size: int,
         limit_tokens: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.group_of = group_of  # layer → the KV group whose block table it reads
         self.layers, self.kv_heads, self.head_dim = len(group_of), kv_heads, head_dim
         self.block_size = block_size
         self.limit_tokens = limit_tokens
-        self._flat: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
-        self._zeroed = 0  # elements of each buffer zeroed or written since allocation
+        # Zeros: stale slots are masked out, but NaN garbage would leak through the value
+        # product (0 * NaN).
+        n = limit_tokens * kv_heads * head_dim
+        self._flat = tuple(
+            [torch.zeros(n, dtype=dtype, device=device) for _ in group_of] for _ in range(2)
+        )
         self.release()
 
     def release(self) -> None:
@@ -232,7 +238,6 @@ class _DecodeSlots:
         self,
         items: Sequence[RunItem],
         pools: Pools,
-        like: torch.Tensor,
         tables: Callable[[RunItem], Sequence[Sequence[int]]],
     ) -> list[int] | None:
         """Give every item a slot in ``0 … len(items)-1`` holding its KV before ``start`` and
@@ -247,7 +252,7 @@ class _DecodeSlots:
             self.release()
             return None
         slot, kept, loads = self._assign(items)
-        self._fit(size, rows, need, [(kept[i], slot[i]) for i in kept], like)
+        self._fit(size, rows, need, [(kept[i], slot[i]) for i in kept])
         if loads:
             picked = [items[i] for i in loads]
             self._load(picked, [slot[i] for i in loads], pools, [tables(it) for it in picked])
@@ -324,19 +329,18 @@ class _DecodeSlots:
         rows: int,
         need: int,
         keep: list[tuple[int, int]],
-        like: torch.Tensor,
     ) -> None:
         """Make room for ``rows`` slots of ``need`` tokens, carrying the ``keep`` rows from
         their old slot to their new one: in the views held, or in views of ``size`` when
         those are too small."""
-        dev = like.device
+        dev = self._flat[0][0].device
         moves = [(a, b) for a, b in keep if a != b]
         if rows > self.slots or need > self.capacity:
             slots, cap = size
             if cap == self.capacity:  # more slots: the held ones stay where they are
-                self.k, self.v = self._views(slots, cap, like)
+                self.k, self.v = self._views(slots, cap)
             else:
-                self._relayout(slots, cap, keep, like)
+                self._relayout(slots, cap, keep)
                 moves = []
             self.slots, self.capacity = slots, cap
         if moves:
@@ -345,48 +349,27 @@ class _DecodeSlots:
             for buf in (*self.k, *self.v):
                 buf[dst] = buf.index_select(0, src)
 
-    def _views(
-        self, slots: int, cap: int, like: torch.Tensor
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _views(self, slots: int, cap: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Each layer's keys and values as ``[slots, kv_heads, cap, head_dim]`` views of the
-        buffers (allocated at the first call), zeroed where no view reached before: stale
-        slots are masked out, but NaN garbage would leak through the value product (0 * NaN)."""
-        per_token = self.kv_heads * self.head_dim
-        if not self._flat[0]:
-            n = self.limit_tokens * per_token
-
-            def buffers() -> list[torch.Tensor]:
-                return [torch.empty(n, dtype=like.dtype, device=like.device) for _ in self.group_of]
-
-            self._flat = (buffers(), buffers())
-            self._zeroed = 0
-        end = slots * cap * per_token
+        buffers."""
+        end = slots * cap * self.kv_heads * self.head_dim
         shape = (slots, self.kv_heads, cap, self.head_dim)
-        for bufs in self._flat:
-            for flat in bufs:
-                if end > self._zeroed:
-                    flat[self._zeroed : end].zero_()
-        self._zeroed = max(self._zeroed, end)
-        return (
-            [flat[:end].view(shape) for flat in self._flat[0]],
-            [flat[:end].view(shape) for flat in self._flat[1]],
-        )
+        k, v = ([flat[:end].view(shape) for flat in bufs] for bufs in self._flat)
+        return k, v
 
-    def _relayout(
-        self, slots: int, cap: int, keep: list[tuple[int, int]], like: torch.Tensor
-    ) -> None:
+    def _relayout(self, slots: int, cap: int, keep: list[tuple[int, int]]) -> None:
         """Views of another capacity, the ``keep`` rows' tokens carried from their old slot
         to their new one (taken out of the buffer first: the new views overlap the old)."""
         n = min(cap, self.capacity)
         old = (self.k, self.v)
-        self.k, self.v = self._views(slots, cap, like)
+        self.k, self.v = self._views(slots, cap)
         if not keep:
             return
-        src = torch.tensor([a for a, _ in keep], device=like.device)
-        dst = torch.tensor([b for _, b in keep], device=like.device)
+        src = torch.tensor([a for a, _ in keep], device=self._flat[0][0].device)
+        dst = torch.tensor([b for _, b in keep], device=self._flat[0][0].device)
         for olds, news in zip(old, (self.k, self.v), strict=True):
             for o, b in zip(olds, news, strict=True):
-                b[dst, :, :n] = o.index_select(0, src)[:, :, :n]
+                b[dst, :, :n] = o[:, :, :n].index_select(0, src)
 
     def _load(
         self,
@@ -465,7 +448,9 @@ class ModelRunner:
         # The dense copies hold every layer's whole history: sized so they never exceed
         # the pool's bytes.
         limit = num_blocks * block_size * len(groups[0]) // layers
-        self._slots = _DecodeSlots(self._group_of, kv_heads, head_dim, block_size, limit)
+        self._slots = _DecodeSlots(
+            self._group_of, kv_heads, head_dim, block_size, limit, self.dtype, self.device
+        )
         # Decode steps on the weights directly where that reproduces the model exactly.
         self._direct = None if self._alibi is not None else direct_decoder(model, self._run)
 
@@ -534,16 +519,12 @@ class ModelRunner:
             if all(
                 len(it.token_ids) <= MAX_VERIFY_TOKENS and it.row_key is not None for it in items
             ):
-                slot = self._slots.place(
-                    items, (self.k_pool, self.v_pool), self.k_pool[0], self._tables
-                )
+                slot = self._slots.place(items, (self.k_pool, self.v_pool), self._tables)
                 if slot is not None:
                     return self._verify(items, slot)
             return self._prefill(items, every_position=True)
         if all(len(it.token_ids) == 1 and it.row_key is not None for it in items):
-            slot = self._slots.place(
-                items, (self.k_pool, self.v_pool), self.k_pool[0], self._tables
-            )
+            slot = self._slots.place(items, (self.k_pool, self.v_pool), self._tables)
             if slot is not None:
                 return self._decode(items, slot)
         return self._prefill(items)
