@@ -39,7 +39,12 @@ class WorkerSettings(FleetSettings):
     engine_nice: int = Field(
         5, ge=0, le=19, description="the engine process's niceness above the worker's"
     )
-    kv_budget_tokens: int = Field(65_536, ge=16, description="the KV pool's size in tokens")
+    kv_budget_tokens: int = Field(
+        65_536,
+        ge=16,
+        description="the KV pool's size in tokens (the decoding rows' dense copies take as "
+        "much memory again, allocated at start)",
+    )
     kv_budget_bytes: int | None = Field(
         None,
         ge=1,
