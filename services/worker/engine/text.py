@@ -15,9 +15,12 @@ allows it, ``incremental_decoders`` gives each stream the same algorithm in Rust
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
 
 # One token's new text, or None while its bytes do not yet end a character.
 Step = Callable[[int], "str | None"]
@@ -72,7 +75,8 @@ class TextStream:
                     if piece := self._step(tid):
                         self._text += piece
                 return self._release(final=False)
-            except Exception:  # an input its decoder refuses: decode windows from here on
+            except Exception as exc:  # whatever its decoder refuses: windows from here on
+                log.warning("the incremental decoder failed, decoding windows: %r", exc)
                 self._step = None
                 self._text = self._decode(self._ids)
                 self._prefix_offset = self._read_offset = len(self._ids)
@@ -152,6 +156,7 @@ def incremental_decoders(tokenizer: Any, probe_tokens: int = 2048) -> Callable[[
     try:
         slow, fast = TextStream(tokenizer), TextStream(tokenizer, step=make())
         same = all(slow.push([t]) == fast.push([t]) for t in ids)
-    except Exception:
+    except Exception as exc:  # whatever the tokenizer raises on the probe: windows instead
+        log.info("no incremental decoder for this tokenizer: %r", exc)
         return None
     return make if same and fast._step is not None else None
