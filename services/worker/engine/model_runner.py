@@ -215,7 +215,7 @@ class _DecodeSlots:
         device: torch.device | str = "cpu",
     ) -> None:
         self.group_of = group_of  # layer → the KV group whose block table it reads
-        self.layers, self.kv_heads, self.head_dim = len(group_of), kv_heads, head_dim
+        self.kv_heads, self.head_dim = kv_heads, head_dim
         self.block_size = block_size
         self.limit_tokens = limit_tokens
         # Zeros: stale slots are masked out, but NaN garbage would leak through the value
@@ -224,6 +224,7 @@ class _DecodeSlots:
         self._flat = tuple(
             [torch.zeros(n, dtype=dtype, device=device) for _ in group_of] for _ in range(2)
         )
+        self._device = self._flat[0][0].device
         self.release()
 
     def release(self) -> None:
@@ -333,7 +334,7 @@ class _DecodeSlots:
         """Make room for ``rows`` slots of ``need`` tokens, carrying the ``keep`` rows from
         their old slot to their new one: in the views held, or in views of ``size`` when
         those are too small."""
-        dev = self._flat[0][0].device
+        dev = self._device
         moves = [(a, b) for a, b in keep if a != b]
         if rows > self.slots or need > self.capacity:
             slots, cap = size
@@ -365,8 +366,8 @@ class _DecodeSlots:
         self.k, self.v = self._views(slots, cap)
         if not keep:
             return
-        src = torch.tensor([a for a, _ in keep], device=self._flat[0][0].device)
-        dst = torch.tensor([b for _, b in keep], device=self._flat[0][0].device)
+        src = torch.tensor([a for a, _ in keep], device=self._device)
+        dst = torch.tensor([b for _, b in keep], device=self._device)
         for olds, news in zip(old, (self.k, self.v), strict=True):
             for o, b in zip(olds, news, strict=True):
                 b[dst, :, :n] = o[:, :, :n].index_select(0, src)
