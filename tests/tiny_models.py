@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.models.falcon import modeling_falcon
 
 WINDOW = 16
 VOCAB = 4096  # the default model's tokenizer
@@ -41,6 +42,9 @@ class Arch:
 
 
 FULL2 = (None, None)
+# Falcon's new decoder caches its KV groups as they are in the transformers releases whose
+# attention repeats them at attention time (``repeat_kv``); earlier ones cache every head.
+_FALCON_CACHES_GROUPS = hasattr(modeling_falcon, "repeat_kv")
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", (2, 16, 2), FULL2, {"num_key_value_heads": 2}),
     "llama-rope-llama3": Arch(
@@ -192,10 +196,10 @@ ARCHS: dict[str, Arch] = {
     ),
     "falcon-new-decoder": Arch(
         "falcon",
-        (4, 16, 2),
+        (2 if _FALCON_CACHES_GROUPS else 4, 16, 2),
         FULL2,
         {"new_decoder_architecture": True, "num_kv_heads": 2, "alibi": False},
-        note="KV groups expanded to every head",
+        note="two KV groups" if _FALCON_CACHES_GROUPS else "KV groups expanded to every head",
     ),
     "falcon-alibi": Arch(
         "falcon",

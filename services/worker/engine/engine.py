@@ -330,15 +330,19 @@ class Engine:
     def _run(self, plan: StepPlan) -> list[StepOutput]:
         logits: dict[str, torch.Tensor] = {}
         failed: dict[str, str] = {}
-        for group in _forward_groups(plan.work):
-            self._forward(group, logits, failed)
+        groups = _forward_groups(plan.work)
+        whole = None  # a pass's logits, when they are the step's rows in order
+        for group in groups:
+            out = self._forward(group, logits, failed)
+            if len(groups) == 1 and all(w.num_tokens == 1 and w.samples for w in group):
+                whole = out  # plain decodes only: a row each, in the plan's order
         outputs = [self._fail(self._live[rid], why) for rid, why in failed.items()]
         work = [w for w in plan.work if w.seq.request_id in logits]
         if not work:
             self.scheduler.complete(plan)  # the failed ones are finished: it skips them
             return outputs
         lives = [self._live[w.seq.request_id] for w in work]
-        tokens, reported = self._pick(work, lives, logits)
+        tokens, reported = self._pick(work, lives, logits, whole)
         accepted = {
             w.seq.request_id: len(toks) - 1 for w, toks in zip(work, tokens, strict=True) if w.draft
         }
@@ -350,8 +354,13 @@ class Engine:
             outputs.append(self._emit_all(lv, toks, lps))
         return outputs
 
+    @torch.inference_mode()  # ``whole`` is the pass's own tensor: processors edit it in place
     def _pick(
-        self, work: list[Work], lives: list[_Live], logits: dict[str, torch.Tensor]
+        self,
+        work: list[Work],
+        lives: list[_Live],
+        logits: dict[str, torch.Tensor],
+        whole: torch.Tensor | None = None,
     ) -> tuple[list[list[int | None]], list[list[TokenLogprobs] | None]]:
         """Each work's tokens and, when asked for, their log-probabilities. A work with a
         draft has a row of logits per draft token and one after them: row ``j`` is sampled
@@ -363,7 +372,10 @@ class Engine:
         is one token ``t`` for sure: ``t`` is kept with probability ``p(t)`` and otherwise
         the token comes from ``p`` without ``t``, renormalized. Each row takes from the
         request's generator just what a decode takes, so a request's tokens are the same
-        with and without speculation, for greedy and seeded sampling alike."""
+        with and without speculation, for greedy and seeded sampling alike.
+
+        ``whole``: the logits of every work as one tensor, a row each in order (a step of
+        plain decodes), taken as they are instead of copied together."""
         rows: list[torch.Tensor] = []
         row_lives: list[_Live] = []
         row_drafts: list[list[int]] = []  # the draft tokens before each row
@@ -374,7 +386,7 @@ class Engine:
             rows.append(out[w.num_tokens - w.draft - 1 : w.num_tokens] if w.draft else out[None])
             row_lives += [lv] * (w.draft + 1)
             row_drafts += [w.seq.draft[:j] for j in range(w.draft + 1)]
-        stacked = torch.cat(rows)
+        stacked = torch.cat(rows) if whole is None else whole
         wanted = [i for i, lv in enumerate(row_lives) if lv.req.logprobs is not None]
         # From the model's own distribution, before holds and sampling filters.
         logprobs = torch.log_softmax(stacked[wanted].float(), dim=-1) if wanted else None
@@ -450,15 +462,14 @@ class Engine:
 
     def _forward(
         self, group: list[Work], logits: dict[str, torch.Tensor], failed: dict[str, str]
-    ) -> None:
+    ) -> torch.Tensor | None:
         """One forward pass over ``group``; if it raises, its halves are retried until the
         request it fails on is alone, and only that one fails. A group with drafts gets
-        the logits of every position of the rows that carry one."""
+        the logits of every position of the rows that carry one. Returns the pass's
+        logits, a row per work (None when it was split)."""
         items = [
             RunItem(
-                (w.seq.all_ids + w.seq.draft)[
-                    w.seq.num_computed : w.seq.num_computed + w.num_tokens
-                ],
+                w.seq.tokens(w.seq.num_computed, w.num_tokens),
                 w.seq.num_computed,
                 self.kv.table(w.seq.request_id).block_ids,
                 # Unique per admission, so a reused request id never meets stale KV.
@@ -480,16 +491,17 @@ class Engine:
                 rid = group[0].seq.request_id
                 log.warning("forward pass failed: %s", exc, extra={"request_id": rid})
                 failed[rid] = f"the forward pass failed: {exc}"
-                return
+                return None
             half = len(group) // 2
             self._forward(group[:half], logits, failed)
             self._forward(group[half:], logits, failed)
-            return
+            return None
         for w, row in zip(group, out, strict=True):
             if w.samples:
                 logits[w.seq.request_id] = row if w.draft or not every else row[w.num_tokens - 1]
             if not (w.samples and w.num_tokens - w.draft == 1 and w.seq.output_ids):
                 self.stats.prefilled_tokens += w.num_tokens
+        return out
 
     def _sample(self, logits: torch.Tensor, lives: list[_Live], drafts: list[list[int]]) -> Picker:
         """Each row's distribution after the request's processors, row ``i`` as if

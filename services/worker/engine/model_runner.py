@@ -153,22 +153,49 @@ class _DenseCache:
             self.num_rows = len(positions)
         else:
             self.rows, self.cols, self.num_rows = written
+        # Where each written token goes, as row numbers of the buffers seen as 2-D (found on
+        # first use, shared by every layer): one index_copy_ a buffer, which costs about
+        # two thirds of an indexed write by (block, offset) or (row, :, position).
+        self._pool_at: dict[int, torch.Tensor] = {}
+        self._dense_at: dict[tuple[int, int], torch.Tensor] = {}
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, **_: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = []
-        blocks = self.write_blocks[self.group_of[layer_idx]]
+        group = self.group_of[layer_idx]
         for pool, dense, new in (
             (self.k_pool[layer_idx], self.k_dense[layer_idx], key_states),
             (self.v_pool[layer_idx], self.v_dense[layer_idx], value_states),
         ):
             # [tokens, heads, dim]
             token = new[:, :, 0] if self.cols is None else new[self.rows, :, self.cols]
-            pool[blocks, self.write_offsets] = token
-            dense[self.rows, :, self.positions] = token
+            tokens, heads, dim = token.shape
+            pool.view(-1, heads * dim).index_copy_(
+                0, self._pool_index(group, pool.shape[1]), token.reshape(tokens, heads * dim)
+            )
+            dense.view(-1, dim).index_copy_(
+                0, self._dense_index(heads, dense.shape[2]), token.reshape(tokens * heads, dim)
+            )
             out.append(dense[: self.num_rows, :, : self.kv_len])
         return out[0], out[1]
+
+    def _pool_index(self, group: int, block_size: int) -> torch.Tensor:
+        """Each written token's row of the pool seen as ``[blocks * block_size, ...]``."""
+        at = self._pool_at.get(group)
+        if at is None:
+            at = self._pool_at[group] = self.write_blocks[group] * block_size + self.write_offsets
+        return at
+
+    def _dense_index(self, heads: int, capacity: int) -> torch.Tensor:
+        """Each written token's row, head by head, of the dense slots seen as
+        ``[slots * heads * capacity, head_dim]``."""
+        at = self._dense_at.get((heads, capacity))
+        if at is None:
+            head = torch.arange(heads, device=self.rows.device)
+            at = (self.rows.unsqueeze(1) * heads + head) * capacity + self.positions.unsqueeze(1)
+            at = self._dense_at[(heads, capacity)] = at.view(-1)
+        return at
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv_len

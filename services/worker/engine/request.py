@@ -43,14 +43,25 @@ class SeqState:
     num_cached_prompt: int = 0  # prompt tokens served by the prefix cache on first admission
     num_preemptions: int = 0
     draft: list[int] = field(default_factory=list)
+    # The prompt and the outputs, kept as one list as outputs are appended (read-only to
+    # callers): the scheduler and the cache read it a few times a step for every sequence.
+    all_ids: list[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.all_ids = self.prompt_ids + self.output_ids
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.all_ids)
 
-    @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+    def tokens(self, start: int, n: int) -> list[int]:
+        """The ``n`` tokens from position ``start`` of the prompt, the outputs and then the
+        draft."""
+        got = self.all_ids[start : start + n]
+        if len(got) < n:
+            behind = max(0, start - len(self.all_ids))
+            got += self.draft[behind : behind + n - len(got)]
+        return got
 
     @property
     def num_uncomputed(self) -> int:
@@ -66,6 +77,7 @@ class SeqState:
 
     def append_output(self, token_id: int) -> None:
         self.output_ids.append(token_id)
+        self.all_ids.append(token_id)
 
     def finish(self, status: Status) -> None:
         if not status.finished:

@@ -98,12 +98,12 @@ class TextStream:
     def _release(self, *, final: bool) -> str:
         if self.stopped:
             return ""
-        cut = self._stop_cut()
+        cut = self._stop_cut() if self._stop else -1
         if cut >= 0:
             self._text = self._text[:cut]
             self.stopped = True
             end = cut
-        elif final:
+        elif final or not self._stop:
             end = len(self._text)
         else:
             end = len(self._text) - self._held_back()
