@@ -63,7 +63,7 @@ ln -sfn "$VENV" .venv
 # The project itself is installed editable from this checkout (seconds), so the cached
 # environment always runs the code of the checkout that bootstrapped last. Setuptools warns
 # on every editable build that a folder named like the package may shadow it (here it is
-# the package): that warning is silenced, errors still show.
+# the package): this call's Python warnings are silenced; errors still show.
 PYTHONWARNINGS=ignore "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e . >/dev/null
 
 # --- Kafka jars from Maven Central --------------------------------------------------

@@ -331,11 +331,10 @@ class Engine:
         logits: dict[str, torch.Tensor] = {}
         failed: dict[str, str] = {}
         groups = _forward_groups(plan.work)
-        whole = None  # a pass's logits, when they are the step's rows in order
-        for group in groups:
-            out = self._forward(group, logits, failed)
-            if len(groups) == 1 and all(w.num_tokens == 1 and w.samples for w in group):
-                whole = out  # plain decodes only: a row each, in the plan's order
+        passes = [self._forward(group, logits, failed) for group in groups]
+        # One pass of plain decodes: its logits are the step's rows, a row each, in order.
+        plain = len(groups) == 1 and all(w.num_tokens == 1 and w.samples for w in plan.work)
+        whole = passes[0] if plain else None
         outputs = [self._fail(self._live[rid], why) for rid, why in failed.items()]
         work = [w for w in plan.work if w.seq.request_id in logits]
         if not work:

@@ -244,7 +244,7 @@ class Scheduler:
             ids = seq.all_ids
             if w.draft:
                 kept = min(w.draft, (accepted or {}).get(seq.request_id, 0))
-                ids = ids + seq.draft[:kept]
+                ids = ids + seq.draft[:kept]  # a new list: ``all_ids`` is the sequence's own
                 seq.num_computed += w.num_tokens - w.draft + kept
                 self.kv.truncate(seq.request_id, seq.num_computed)
             else:
