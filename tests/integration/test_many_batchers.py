@@ -58,7 +58,8 @@ async def test_two_batchers_never_overfill_a_worker(bare: Stack) -> None:
         GenerateRequest(
             tenant=f"t{i % 4}",
             prompt=f"Request {i} asks the worker to count",
-            sampling=SamplingParams(max_tokens=64, temperature=0, ignore_eos=True),
+            # Long enough that a pair outlasts the interval on a fast host too (64 did not).
+            sampling=SamplingParams(max_tokens=256, temperature=0, ignore_eos=True),
             reply=ReplyTarget(kafka_topic=topic),
         )
         for i in range(24)

@@ -415,7 +415,9 @@ async def test_a_request_whose_edge_died_is_cancelled_after_the_grace_period(
     st = bare
     st.start("worker")
     st.start("batcher")
-    st.start("edge", TW_UNFOLLOWED_GRACE_S="2")
+    # A grace well inside the time 1500 tokens take (about 2 s on a fast CPU): the edge
+    # subscribes before it publishes, so no event goes unheard before the kill.
+    st.start("edge", TW_UNFOLLOWED_GRACE_S="0.5")
     await st.wait_ready()
     body = {
         "model": "tokenwire-tiny",
