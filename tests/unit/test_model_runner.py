@@ -150,22 +150,35 @@ def test_dense_slots_keep_their_rows_in_one_buffer_as_slots_and_capacity_grow() 
             assert torch.equal(b[new_slot, :, :8], old[old_slot])
 
 
-def test_a_batch_growing_to_the_pool_size_regrows_its_dense_slots_a_few_times() -> None:
+def test_a_decoding_batch_keeps_its_dense_slots_within_a_block_of_its_longest_row() -> None:
     """128 prompts of 128 tokens join 8 a step, then decode to 256 tokens each, in a pool
-    of 128 x 264 tokens: each new buffer copies every slot, so near the pool's size the
-    buffer takes all the room the limit leaves, not just one block more."""
+    of 128 x 264 tokens: the capacity stays within a block of the longest row (attention
+    reads the unused room between rows), so the buffer is laid out again once a block of
+    steps, and rows that join at the same capacity never move anything."""
     limit, bs = 128 * 264, BLOCK
     slots = _DecodeSlots([0], 1, 1, bs, limit)
     sizes, held = [], (0, 0)
-    joins = [min(128, 8 * (k + 1)) for k in range(16)] + [128] * 128
+    joins = [min(128, 8 * (k + 1)) for k in range(16)] + [128] * 112
     for step, rows in enumerate(joins):
-        need = min(256, 129 + step)  # the longest row: prompt and output
+        need = 129 + step  # the longest row: prompt and output
         if rows > held[0] or need > held[1]:
             size = slots._size_for(rows, need)
             assert size is not None and size[0] * size[1] <= limit
-            assert size[0] >= rows and size[1] >= need
-            sizes.append(held := size)
-    assert len(sizes) <= 7, sizes
+            assert size[0] >= rows and need <= size[1] <= need + bs
+            if size[1] != held[1]:
+                sizes.append(size)
+            held = size
+    assert len(sizes) == -(-(256 - 128) // bs), sizes
+
+
+def test_rows_verifying_drafts_get_more_room_than_a_block() -> None:
+    """Rows of several tokens a step (speculation's verification) grow several blocks
+    between new buffers: at least four blocks of room, a quarter of the longest row."""
+    slots = _DecodeSlots([0], 1, 1, BLOCK, 1 << 20)
+    assert slots._size_for(4, 100, 5) == (8, 176)  # four blocks past 100, on a block
+    assert slots._size_for(4, 1000, 5) == (8, 1264)  # a quarter past 1000, on a block
+    assert slots._size_for(4, 100, 1) == (8, 112)  # decodes: the next block boundary
+    assert slots._size_for(4, 96, 1) == (8, 112)
 
 
 def test_batched_prefill_matches_one_chunk_at_a_time(model: Any) -> None:

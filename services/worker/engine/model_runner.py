@@ -275,7 +275,7 @@ class _DecodeSlots:
             for i, it in enumerate(items):
                 self.lengths[i] = it.start + len(it.token_ids)
             return list(range(rows))
-        size = self._size_for(rows, need)
+        size = self._size_for(rows, need, max(len(it.token_ids) for it in items))
         if size is None:
             self.release()
             return None
@@ -305,16 +305,22 @@ class _DecodeSlots:
             )
         )
 
-    def _size_for(self, rows: int, need: int) -> tuple[int, int] | None:
-        """Slots and capacity for a new buffer. Rows join a few per step while prompts are
-        prefilled and contexts grow a token per step, so leave headroom (each regrowth copies
-        everything) as far as the limit allows."""
+    def _size_for(self, rows: int, need: int, width: int = 1) -> tuple[int, int] | None:
+        """Slots and capacity for a new buffer, for rows of ``width`` new tokens a step.
+        Rows join a few per step while prompts are prefilled, so leave room for half as many
+        again. Capacity: decodes (one token a step) get the next block boundary past
+        ``need``, a new buffer (a copy of every row) every block of steps; rows that verify
+        drafts (several tokens a step) get a quarter more, at least four blocks. Attention
+        reads each row's slot with the unused capacity between rows, and that costs more
+        than the copies: on 128 rows of 128 to 256 tokens (tiny preset, one thread),
+        decodes ran 3% to 8% faster with a block of room than with four."""
         bs = self.block_size
 
         def up(n: int) -> int:
             return -(-n // bs) * bs
 
-        slots, cap = max(8, -(-rows * 3 // 2)), up(need + max(4 * bs, need // 4))
+        room = 1 if width == 1 else max(4 * bs, need // 4)
+        slots, cap = max(8, -(-rows * 3 // 2)), up(need + room)
         if slots * cap <= self.limit_tokens:
             return slots, cap
         if rows * up(need) > self.limit_tokens:
