@@ -173,12 +173,16 @@ def test_a_decoding_batch_keeps_its_dense_slots_within_a_block_of_its_longest_ro
 
 def test_rows_verifying_drafts_get_more_room_than_a_block() -> None:
     """Rows of several tokens a step (speculation's verification) grow several blocks
-    between new buffers: at least four blocks of room, a quarter of the longest row."""
+    between new buffers: at least four blocks of room, a quarter of the longest row; so do
+    decodes off the CPU."""
     slots = _DecodeSlots([0], 1, 1, BLOCK, 1 << 20)
     assert slots._size_for(4, 100, 5) == (8, 176)  # four blocks past 100, on a block
     assert slots._size_for(4, 1000, 5) == (8, 1264)  # a quarter past 1000, on a block
     assert slots._size_for(4, 100, 1) == (8, 112)  # decodes: the next block boundary
     assert slots._size_for(4, 96, 1) == (8, 112)
+    # Off the CPU, where room between rows was not measured to cost, decodes too.
+    slots._device = torch.device("cuda")
+    assert slots._size_for(4, 100, 1) == (8, 176)
 
 
 def test_batched_prefill_matches_one_chunk_at_a_time(model: Any) -> None:

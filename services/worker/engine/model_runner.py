@@ -308,18 +308,21 @@ class _DecodeSlots:
     def _size_for(self, rows: int, need: int, width: int = 1) -> tuple[int, int] | None:
         """Slots and capacity for a new buffer, for rows of ``width`` new tokens a step.
         Rows join a few per step while prompts are prefilled, so leave room for half as many
-        again. Capacity: decodes (one token a step) get the next block boundary past
-        ``need``, a new buffer (a copy of every row) every block of steps; rows that verify
-        drafts (several tokens a step) get a quarter more, at least four blocks. Attention
-        reads each row's slot with the unused capacity between rows, and that costs more
-        than the copies: on 128 rows of 128 to 256 tokens (tiny preset, one thread),
-        decodes ran 3% to 8% faster with a block of room than with four."""
+        again. Capacity: on a CPU, decodes (one token a step) get the next block boundary
+        past ``need``, a new buffer (a copy of every row) every block of steps. SDPA's CPU
+        kernel reads each row's slot more slowly the more unused capacity lies between
+        rows, and that cost more than the copies: 128 rows of 128 to 256 tokens (tiny
+        preset, one thread) decoded about 6% faster with a block of room than with four.
+        Elsewhere, and for rows that verify drafts (several tokens a step), a quarter more
+        than ``need``, at least four blocks: fewer copies, where room was not measured to
+        cost."""
         bs = self.block_size
 
         def up(n: int) -> int:
             return -(-n // bs) * bs
 
-        room = 1 if width == 1 else max(4 * bs, need // 4)
+        by_block = width == 1 and self._device.type == "cpu"
+        room = 1 if by_block else max(4 * bs, need // 4)
         slots, cap = max(8, -(-rows * 3 // 2)), up(need + room)
         if slots * cap <= self.limit_tokens:
             return slots, cap
