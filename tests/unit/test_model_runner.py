@@ -180,6 +180,7 @@ def test_rows_verifying_drafts_get_more_room_than_a_block() -> None:
     assert slots._size_for(4, 1000, 5) == (8, 1264)  # a quarter past 1000, on a block
     assert slots._size_for(4, 100, 1) == (8, 112)  # decodes: the next block boundary
     assert slots._size_for(4, 96, 1) == (8, 112)
+    assert slots._size_for(4, 4000, 1) == (8, 4128)  # long rows: a 32nd more, on a block
     # Off the CPU, where room between rows was not measured to cost, decodes too.
     slots._device = torch.device("cuda")
     assert slots._size_for(4, 100, 1) == (8, 176)
