@@ -171,10 +171,10 @@ def test_a_decoding_batch_keeps_its_dense_slots_within_a_block_of_its_longest_ro
     assert len(sizes) == -(-(256 - 128) // bs), sizes
 
 
-def test_rows_verifying_drafts_get_more_room_than_a_block() -> None:
-    """Rows of several tokens a step (speculation's verification) grow several blocks
-    between new buffers: at least four blocks of room, a quarter of the longest row; so do
-    decodes off the CPU."""
+def test_new_dense_slots_leave_room_by_row_width_length_and_device() -> None:
+    """Decodes on a CPU get the next block boundary past the longest row, a 32nd more past
+    32 blocks; rows of several tokens a step (speculation's verification), and decodes off
+    the CPU, at least four blocks of room, a quarter of the longest row."""
     slots = _DecodeSlots([0], 1, 1, BLOCK, 1 << 20)
     assert slots._size_for(4, 100, 5) == (8, 176)  # four blocks past 100, on a block
     assert slots._size_for(4, 1000, 5) == (8, 1264)  # a quarter past 1000, on a block
