@@ -34,6 +34,12 @@ RECORD_LENGTHS = """() => {
 }"""
 
 
+ANSWER_HEIGHT = """() => {
+  const bubbles = document.querySelectorAll(".msg.assistant");
+  return bubbles[bubbles.length - 1].getBoundingClientRect().height;
+}"""
+
+
 async def _status(page: Page) -> str:
     return (await page.text_content("#status")) or ""
 
@@ -55,6 +61,12 @@ async def test_chat_page_streams_tokens_and_stop_ends_the_answer(stack: Stack) -
             await page.wait_for_function("() => window.twLengths.filter(n => n > 0).length >= 6")
             await page.screenshot(path=str(ARTIFACTS / "edge-chat-page-streaming.png"))
             assert await _status(page) == "streaming"
+            # The controls hold still while the answer grows (a Stop that runs away from
+            # the pointer cannot be clicked): wait for the answer to take another line.
+            stop_box = await page.locator("#stop").bounding_box()
+            height = await page.evaluate(ANSWER_HEIGHT)
+            await page.wait_for_function(f"() => ({ANSWER_HEIGHT})() > {height}")
+            assert await page.locator("#stop").bounding_box() == stop_box
             await page.click("#stop")
             await page.wait_for_function(
                 "() => document.getElementById('status').textContent === 'stopped'",

@@ -33,7 +33,16 @@
     div.className = "msg " + role;
     div.textContent = text;
     $("log").appendChild(div);
+    $("log").scrollTop = $("log").scrollHeight;
     return div;
+  };
+
+  // Appends to a bubble; the log follows the answer unless the reader scrolled up.
+  const append = (out, text) => {
+    const log = $("log");
+    const following = log.scrollHeight - log.scrollTop - log.clientHeight < 8;
+    out.textContent += text;
+    if (following) log.scrollTop = log.scrollHeight;
   };
 
   async function ask(prompt) {
@@ -100,7 +109,7 @@
           if (chunk.error) throw new Error(chunk.error.message);
           const choice = chunk.choices && chunk.choices[0];
           if (!choice) continue;
-          if (choice.delta && choice.delta.content) out.textContent += choice.delta.content;
+          if (choice.delta && choice.delta.content) append(out, choice.delta.content);
           if (choice.finish_reason) finish = choice.finish_reason;
         }
       }
