@@ -12,7 +12,6 @@ from typing import TypeAlias
 
 import redis.asyncio as aioredis
 
-from services.edge.cache import purge
 from shared.cache.keys import SHARED_SCOPE
 from shared.settings import CommonSettings
 
@@ -20,6 +19,8 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def cmd_purge(args: argparse.Namespace) -> None:
+    from services.edge.cache import purge  # the semantic cache's FAISS: only to run it
+
     settings = CommonSettings.from_env()
     scope = SHARED_SCOPE if args.shared else args.tenant
 

@@ -89,6 +89,7 @@ def cmd_worker(_: argparse.Namespace) -> None:
             prefill_chunk=settings.prefill_chunk,
             enable_prefix_cache=settings.prefix_cache,
             speculation=settings.speculation,
+            cuda_graphs=settings.cuda_graphs,
         ),
         draft_model_dir=_draft_model_dir(settings.spec_draft_model),
         log_level=settings.log_level,
@@ -623,12 +624,24 @@ def cmd_bench_cache(args: argparse.Namespace) -> None:
 
 
 def _add_bench_cache_parser(bsub: Subparsers) -> None:
-    from services.bench.cache_bench import add_options
-
+    # Options only: the benchmark's stack (the edge's web framework, FAISS) is imported
+    # when it runs, not to parse any command.
     bc = bsub.add_parser(
         "cache", help="response caches: hit and miss TTFT, lookup cost, a mix with repeats"
     )
-    add_options(bc)
+    bc.add_argument("--probes", type=int, default=20, help="requests per TTFT row (default: 20)")
+    bc.add_argument(
+        "--mix", type=int, default=120, help="requests of the throughput mix (default: 120)"
+    )
+    bc.add_argument(
+        "--concurrency", type=int, default=8, help="streams in flight in the mix (default: 8)"
+    )
+    bc.add_argument("--max-tokens", type=int, default=16, help="tokens per answer (default: 16)")
+    bc.add_argument(
+        "--out",
+        default="reports/bench_cache.json",
+        help="the JSON report (default: reports/bench_cache.json)",
+    )
     bc.set_defaults(fn=cmd_bench_cache)
 
 
@@ -645,12 +658,23 @@ def cmd_bench_index(args: argparse.Namespace) -> None:
 
 
 def _add_bench_index_parser(bsub: Subparsers) -> None:
-    from services.bench.index_bench import add_options
-
+    # Options only: FAISS is imported when the benchmark runs, not to parse any command.
     bi = bsub.add_parser(
         "index", help="FAISS query latency and recall@10 by index size; query embedding by batch"
     )
-    add_options(bi)
+    bi.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[10_000, 100_000],
+        help="index sizes in vectors (default: 10000 100000; 1000000 needs ~5 GB and minutes)",
+    )
+    bi.add_argument("--no-embed", action="store_true", help="skip the query-embedding rows")
+    bi.add_argument(
+        "--out",
+        default="reports/bench_index.json",
+        help="the JSON report (default: reports/bench_index.json)",
+    )
     bi.set_defaults(fn=cmd_bench_index)
 
 

@@ -38,22 +38,6 @@ from shared.cache.labelled import INTENTS
 MODEL = "tokenwire-tiny"
 
 
-def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--probes", type=int, default=20, help="requests per TTFT row (default: 20)")
-    p.add_argument(
-        "--mix", type=int, default=120, help="requests of the throughput mix (default: 120)"
-    )
-    p.add_argument(
-        "--concurrency", type=int, default=8, help="streams in flight in the mix (default: 8)"
-    )
-    p.add_argument("--max-tokens", type=int, default=16, help="tokens per answer (default: 16)")
-    p.add_argument(
-        "--out",
-        default="reports/bench_cache.json",
-        help="the JSON report (default: reports/bench_cache.json)",
-    )
-
-
 def body(text: str, max_tokens: int) -> dict[str, Any]:
     return {
         "model": MODEL,

@@ -29,22 +29,6 @@ QUERIES = 500
 EXACT_QUERIES = 50  # the exact baseline is slow at a million vectors
 
 
-def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--sizes",
-        type=int,
-        nargs="+",
-        default=[10_000, 100_000],
-        help="index sizes in vectors (default: 10000 100000; 1000000 needs ~5 GB and minutes)",
-    )
-    p.add_argument("--no-embed", action="store_true", help="skip the query-embedding rows")
-    p.add_argument(
-        "--out",
-        default="reports/bench_index.json",
-        help="the JSON report (default: reports/bench_index.json)",
-    )
-
-
 def _single_queries_ms(index: Any, queries: np.ndarray) -> list[float]:
     out = []
     for q in queries:

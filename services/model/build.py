@@ -209,11 +209,12 @@ def _build(
     if spec.trained:
         info.update(_train(spec, model, docs, backend, eot_id, log, timings, teacher))
 
-    mark = time.perf_counter()
-    info["samples"] = _samples(model, tokenizer, spec.seed)
-    timings["sample_s"] = time.perf_counter() - mark
-    for kind, text in info["samples"].items():
-        log(f"[model] {spec.name}: {kind}: {text!r}")
+    if spec.trained:  # a random model's samples say nothing (and cost minutes at 1B)
+        mark = time.perf_counter()
+        info["samples"] = _samples(model, tokenizer, spec.seed)
+        timings["sample_s"] = time.perf_counter() - mark
+        for kind, text in info["samples"].items():
+            log(f"[model] {spec.name}: {kind}: {text!r}")
 
     _save(model, tokenizer, out_dir)
     timings["total_s"] = time.perf_counter() - started

@@ -126,6 +126,18 @@ PRESETS: dict[str, ModelPreset] = {
             description="benchmarks and speculation's target: ~30M parameters, trained ~30 min "
             "on CPU from tiny's corpus and tokenizer (built only when asked for)",
         ),
+        ModelPreset(
+            name="llama-1b",
+            hidden_size=2048,
+            num_layers=22,
+            num_heads=32,
+            num_kv_heads=4,
+            intermediate_size=5632,
+            vocab_size=4096,
+            max_positions=2048,
+            description="a GPU's bandwidth check: ~1.0B parameters in a 1B Llama's layer "
+            "shapes, random weights (never trained; built only when asked for)",
+        ),
         replace(
             _TINY,
             name="small-draft",

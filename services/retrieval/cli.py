@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 from shared.retrieval.chunking import MAX_CHARS, OVERLAP_CHARS, ChunkSpec, chunk_text
-from shared.retrieval.store import IndexStore, Manifest, RetrievalError
 from shared.settings import CommonSettings
 
+# The store (FAISS) is imported where a command runs, not to parse every command line.
 if TYPE_CHECKING:
     from shared.embedding import Embedder
+    from shared.retrieval.store import IndexStore, Manifest
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
@@ -29,6 +30,8 @@ TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 
 def read_documents(paths: list[str], spec: ChunkSpec) -> dict[str, list[str]]:
     """Document id → passages, for each file given and each text file under a folder."""
+    from shared.retrieval.store import RetrievalError
+
     docs: dict[str, list[str]] = {}
     for given in paths:
         path = Path(given)
@@ -48,6 +51,8 @@ def read_documents(paths: list[str], spec: ChunkSpec) -> dict[str, list[str]]:
 
 
 def _store() -> tuple[IndexStore, CommonSettings]:
+    from shared.retrieval.store import IndexStore
+
     settings = CommonSettings.from_env()
     return IndexStore(settings.index_root), settings
 
@@ -103,6 +108,7 @@ def cmd_list(_: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> None:
     """Run an ``index`` subcommand; a retrieval or embedder error exits with its message."""
     from shared.embedding import EmbedderError
+    from shared.retrieval.store import RetrievalError
 
     try:
         args.index_fn(args)

@@ -36,6 +36,11 @@ class WorkerSettings(FleetSettings):
         "step (torch's dynamic quantization; CPU only)",
     )
     torch_threads: int = Field(0, ge=0, description="0: torch's default")
+    cuda_graphs: bool = Field(
+        True,
+        description="replay decode steps from CUDA graphs on a GPU (rows padded to 1, 2, 4, 8 "
+        "or a multiple of 16, up to 512; a failed capture turns them off with a warning)",
+    )
     engine_nice: int = Field(
         5, ge=0, le=19, description="the engine process's niceness above the worker's"
     )

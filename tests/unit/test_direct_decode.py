@@ -6,6 +6,7 @@ anything else, including a model whose own forward differs from it in the last b
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,14 @@ from services.worker.loader import load_model
 from tests.tiny_models import VOCAB, build_tiny
 
 pytestmark = pytest.mark.timeout(300)
+
+# On an H200 (fp32) the load probe found the model's own forward rounding otherwise than
+# the direct pass, so the runner keeps the forward there: the tests of the embedded model
+# taking the direct path are about the CPU.
+cpu_only = pytest.mark.skipif(
+    os.environ.get("TW_TEST_DEVICE", "cpu") != "cpu",
+    reason="the direct path is refused off the CPU (not bit-identical there)",
+)
 
 BLOCK = 8
 PER_SEQ = 40  # blocks per sequence: room for 320 tokens
@@ -110,6 +119,7 @@ def assert_bit_identical(model: Any, vocab: int) -> None:
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True)), run.__name__
 
 
+@cpu_only
 def test_the_embedded_model_decodes_directly_bit_for_bit(lm: tuple[Any, Any]) -> None:
     model = lm[0]
     assert_bit_identical(model, model.config.vocab_size)
@@ -129,6 +139,7 @@ def test_other_models_keep_their_own_forward(name: str, tmp_path: Path, model_di
     assert ModelRunner(model, 8, BLOCK)._direct is None
 
 
+@cpu_only
 def test_a_forward_that_differs_in_the_last_bit_is_not_replaced(lm: tuple[Any, Any]) -> None:
     model = lm[0]
     runner = ModelRunner(model, 8, BLOCK)

@@ -44,6 +44,7 @@ class EngineConfig:
     prefill_chunk: int = 256
     enable_prefix_cache: bool = True
     speculation: SpecConfig = field(default_factory=SpecConfig)  # n-gram drafts (k 0: off)
+    cuda_graphs: bool = True  # decode steps replayed from CUDA graphs, on a GPU
 
 
 @dataclass(slots=True)
@@ -155,6 +156,7 @@ class Engine:
             max(1, config.kv_budget_tokens // config.block_size),
             config.block_size,
             budget_bytes=config.kv_budget_bytes,
+            cuda_graphs=config.cuda_graphs,
         )
         num_blocks = self.runner.num_blocks
         # One KV manager per layer group (sliding layers hold only their window).

@@ -32,6 +32,10 @@ per decoding row (its draft), runs over the same dense slots, on the weights dir
 that too is bit-identical and through the model's forward otherwise. It was a prefill over
 the gathered pool: two to three decode steps' time on the tiny model, 1.4 to 2 on small,
 and the next decode loaded every row from the pool again.
+
+On a GPU, decode passes replay from CUDA graphs (``graphs.py``): rows padded to a bucket,
+attention over the slots' whole capacity, padding rows' KV written to a spare block of
+the pool.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import torch
 
 from services.worker.engine.alibi import alibi_forward
 from services.worker.engine.direct import direct_decoder
+from services.worker.engine.graphs import DecodeGraphs, bucket_rows
 from services.worker.engine.kv_cache import HOLE
 from services.worker.engine.layout import AttentionLayout, UnsupportedModel, attention_layout
 
@@ -440,9 +445,16 @@ class ModelRunner:
     """Runs a Hugging Face causal LM over paged KV blocks."""
 
     def __init__(
-        self, model: Any, num_blocks: int, block_size: int, *, budget_bytes: int | None = None
+        self,
+        model: Any,
+        num_blocks: int,
+        block_size: int,
+        *,
+        budget_bytes: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
-        """A pool of ``num_blocks`` blocks, or of as many as ``budget_bytes`` holds."""
+        """A pool of ``num_blocks`` blocks, or of as many as ``budget_bytes`` holds.
+        ``cuda_graphs``: replay decode steps from CUDA graphs on a GPU."""
         self.model = model
         self.block_size = block_size
         cfg = model.config
@@ -475,7 +487,10 @@ class ModelRunner:
         if budget_bytes is not None:
             num_blocks = max(1, budget_bytes // self.block_bytes)
         self.num_blocks = num_blocks
-        shape = (num_blocks, block_size, kv_heads, head_dim)
+        # One block more than the KV manager hands out: padding rows of a graphed decode
+        # write their keys and values there.
+        self.spare_block = num_blocks
+        shape = (num_blocks + 1, block_size, kv_heads, head_dim)
         # Zeros, not empty: padded slots are masked out, but NaN garbage would leak through
         # the value product (0 * NaN).
         k_slots, v_slots = (
@@ -492,6 +507,19 @@ class ModelRunner:
         )
         # Decode steps on the weights directly where that reproduces the model exactly.
         self._direct = None if self._alibi is not None else direct_decoder(model, self._run)
+        use = cuda_graphs and self.device.type == "cuda"
+        self._graphs = self.decode_graphs(replay=True) if use else None
+
+    def decode_graphs(self, replay: bool) -> DecodeGraphs:
+        """Graphs of this runner's padded decode pass (``replay`` off: run eagerly on the
+        same buffers, as on a CPU)."""
+        fields = 3 + len(self.group_windows)  # ids, positions, offsets, blocks per group
+        return DecodeGraphs(self._padded_pass, fields, self.device, replay=replay)
+
+    @property
+    def graph_replays(self) -> int:
+        """Decode steps served from a CUDA graph so far."""
+        return 0 if self._graphs is None else self._graphs.replays
 
     def _tables(self, item: RunItem) -> Sequence[Sequence[int]]:
         """The item's block table of each KV group."""
@@ -583,8 +611,33 @@ class ModelRunner:
             [t[g][p // bs] for t, p in zip(tables, pos, strict=True)]
             for g in range(len(self.group_windows))
         ]
-        # One host→device copy for all the small index vectors.
-        host = torch.tensor([ids, pos, [p % bs for p in pos], *blocks], dtype=torch.long)
+        graphs, cap = self._graphs, self._slots.capacity
+        padded = None if graphs is None else bucket_rows(rows, graphs.largest)
+        if graphs is not None and padded is not None and padded * cap <= self._slots.limit_tokens:
+            # Rows past the batch: token 0 at position 0, written to the spare block and
+            # to slots no row holds (a slot is loaded in full before a row takes it).
+            pad = [0] * (padded - rows)
+            host = torch.tensor(
+                [
+                    ids + pad,
+                    pos + pad,
+                    [p % bs for p in pos] + pad,
+                    *(b + [self.spare_block] * len(pad) for b in blocks),
+                ],
+                dtype=torch.long,
+            )
+            out = graphs.run(host, cap)
+            if out is not None:
+                logits = out[:rows].float()
+                if logits.data_ptr() == out.data_ptr():  # the graph's own buffer: a copy
+                    logits = logits.clone()
+                if slot == sorted(slot):
+                    return logits
+                return logits[torch.tensor(slot, device=dev)]
+            host = host[:, :rows]
+        else:
+            # One host→device copy for all the small index vectors.
+            host = torch.tensor([ids, pos, [p % bs for p in pos], *blocks], dtype=torch.long)
         ids_t, pos_t, off_t, *blk_t = host.to(dev).unbind(0)
         kv_len = max(pos) + 1
         cache = self._dense_cache(blk_t, off_t, pos_t, kv_len)
@@ -598,6 +651,30 @@ class ModelRunner:
         if slot == sorted(slot):  # every item in the slot of its own index: rows in order
             return logits.float()
         return logits.float()[torch.tensor(slot, device=dev)]
+
+    def _padded_pass(self, inputs: torch.Tensor, cap: int) -> torch.Tensor:
+        """The decode of ``inputs`` (``[3 + groups, rows]``: token ids, positions, offsets in
+        their blocks, then the block of each KV group; rows past the batch padded) over
+        ``rows`` slots of capacity ``cap``, attending over every column up to ``cap``
+        (masked past each row's position): the pass a CUDA graph records. On the weights
+        directly where the runner decodes so, else through the model's own forward."""
+        rows = inputs.shape[1]
+        ids, pos, off, *blk = inputs.unbind(0)
+        cache = _DenseCache(
+            (self.k_pool, self.v_pool),
+            self._slots._views(rows, cap),
+            self._group_of,
+            blk,
+            off,
+            pos,
+            cap,
+        )
+        ids, positions = ids.view(rows, 1), pos.view(rows, 1)
+        if self._direct is not None:
+            mask = self._mask(positions, cap)
+            if isinstance(mask, torch.Tensor):  # one mask for every layer
+                return self._direct(ids, positions, mask, cache)
+        return self._run(ids, positions, cap, cache, 1)[:, 0]
 
     def _dense_cache(
         self,
