@@ -84,6 +84,9 @@ def test_preset_sizes() -> None:
     assert 1_500_000 <= PRESETS["tiny"].parameter_count <= 2_500_000
     assert 25_000_000 <= PRESETS["small"].parameter_count <= 35_000_000
     assert all(PRESETS[name].trained for name in ("micro", "tiny", "small"))
+    # The GPU's bandwidth check: a 1B Llama's shapes, never trained.
+    assert not PRESETS["llama-1b"].trained
+    assert 0.9e9 <= PRESETS["llama-1b"].parameter_count <= 1.1e9
     # small is tiny's draft target: the same corpus, hence the same tokenizer.
     tiny, small = PRESETS["tiny"], PRESETS["small"]
     assert (tiny.vocab_size, tiny.corpus_bytes) == (small.vocab_size, small.corpus_bytes)
