@@ -43,6 +43,21 @@ def test_a_shape_gets_its_graph_after_it_repeats_and_inputs_go_through_fixed_buf
     assert graphs.replays == 2
 
 
+def test_a_failed_capture_leaves_every_later_decode_to_the_eager_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    graphs = DecodeGraphs(lambda inputs, cap: inputs.float(), 2, torch.device("cpu"), replay=False)
+    graphs.replay = True  # as on a GPU, with a capture that fails
+
+    def fail(*_: Any) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs, "_capture", fail)
+    host = torch.ones((2, 4), dtype=torch.long)
+    assert [graphs.run(host, 16) for _ in range(CAPTURE_AFTER + 2)] == [None] * (CAPTURE_AFTER + 2)
+    assert graphs.broken and graphs.replays == 0
+
+
 def _graphed(runner: ModelRunner) -> ModelRunner:
     if runner._graphs is None:  # a CPU: the padded pass, run eagerly
         runner._graphs = runner.decode_graphs(replay=False)

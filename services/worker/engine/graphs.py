@@ -88,7 +88,7 @@ class DecodeGraphs:
         if entry is None:
             try:
                 entry = self._capture(static, capacity)
-            except Exception:  # never lose the step: the eager pass serves it, and the rest
+            except RuntimeError:  # a capture or CUDA error: this step and the rest run eagerly
                 log.exception("CUDA graph capture failed; decoding without graphs")
                 self.broken = True
                 self._graphs.clear()
