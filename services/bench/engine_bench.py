@@ -191,9 +191,10 @@ def engine_sequential_ttft(
 def run(
     model_dir: str, cfg: BenchConfig, out: Path | None, device: str = "auto", dtype: str = "auto"
 ) -> Report:
-    from services.worker.loader import load_model
+    from services.worker.loader import freeze_loaded_objects, load_model
 
     model, tok = load_model(model_dir, device, dtype)
+    freeze_loaded_objects()  # as the worker's engine process does
     rng = random.Random(cfg.seed)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     rep = Report(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import torch
@@ -69,3 +70,14 @@ def quantize_int8(model: Any) -> None:
         torch.ao.quantization.quantize_dynamic(
             model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
         )
+
+
+def freeze_loaded_objects() -> int:
+    """Take what the process has loaded so far out of the garbage collector's scans, and
+    return how many objects that was. A model's modules, its tokenizer and the libraries'
+    own objects live as long as the process (about 415,000 objects with the tiny model), and
+    a full collection scans every one: a pause of 0.2 s on this project's CPU machine, every
+    stream of the engine stalled for it, to free nothing. Call once, after loading."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

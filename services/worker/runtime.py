@@ -301,6 +301,10 @@ def _engine_main(conn: Connection, spec: EngineSpec) -> None:
     except Exception:
         conn.send(("failed", traceback.format_exc(limit=8)))
         return
+    from services.worker.loader import freeze_loaded_objects
+
+    engine.stats.gc_frozen_objects = freeze_loaded_objects()
+    log.info("engine loaded; %d objects kept out of GC scans", engine.stats.gc_frozen_objects)
     conn.send(("ready", engine.stats))
     with contextlib.suppress(EOFError, OSError):  # the worker is gone: exit quietly
         _serve(conn, engine)

@@ -100,6 +100,12 @@ async def test_every_engine_thread_runs_at_the_lowered_priority(model_dir: str) 
         proc.stop()
 
 
+def test_the_loaded_engine_is_kept_out_of_gc_scans(engine: EngineProcess) -> None:
+    # The model, tokenizer and libraries (hundreds of thousands of objects) are frozen once
+    # loaded: a full collection would otherwise scan them all, pausing every stream.
+    assert engine.stats.gc_frozen_objects > 50_000
+
+
 async def test_kv_summary_is_answered_between_steps(engine: EngineProcess) -> None:
     prompt = list(range(10, 74))  # four full blocks: cached prefix hashes to summarise
     for i in range(4):

@@ -118,6 +118,7 @@ class EngineStats:
     spec_draft_tokens: int = 0  # draft tokens proposed and verified
     spec_accepted_tokens: int = 0  # of those, the ones the model agreed with
     step_seconds: float = 0.0
+    gc_frozen_objects: int = 0  # what the engine's process keeps out of GC scans (loaded)
 
     @property
     def free_kv_tokens(self) -> int:
