@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -34,10 +35,40 @@ from shared.settings import CommonSettings
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel gives outgoing connections their local ports from."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+# Ports handed out by this process (a port is picked, then bound later by the service).
+_GIVEN: set[int] = set()
+# Below this: the fixed ports of the stacks (Kafka 9092 and 19092 on, Redis, the edges).
+PORT_FLOOR = 20_000
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for a service to bind, free now, never given before by this process, and
+    below the ephemeral range: a port from ``bind(0)`` comes out of that range, where an
+    outgoing connection opened before the service binds (its own Kafka client's) can take
+    it, as a worker's metrics port once was in CI."""
+    low, _ = ephemeral_ports()
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(PORT_FLOOR, max(PORT_FLOOR + 1000, low))
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port found in {PORT_FLOOR}..{low}")
 
 
 @dataclass
