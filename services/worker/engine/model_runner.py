@@ -660,15 +660,7 @@ class ModelRunner:
         directly where the runner decodes so, else through the model's own forward."""
         rows = inputs.shape[1]
         ids, pos, off, *blk = inputs.unbind(0)
-        cache = _DenseCache(
-            (self.k_pool, self.v_pool),
-            self._slots._views(rows, cap),
-            self._group_of,
-            blk,
-            off,
-            pos,
-            cap,
-        )
+        cache = self._dense_cache(blk, off, pos, cap, dense=self._slots._views(rows, cap))
         ids, positions = ids.view(rows, 1), pos.view(rows, 1)
         if self._direct is not None:
             mask = self._mask(positions, cap)
@@ -683,11 +675,13 @@ class ModelRunner:
         positions: torch.Tensor,
         kv_len: int,
         written: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+        dense: Pools | None = None,
     ) -> _DenseCache:
-        """The cache of a pass over the decode slots (see ``_DenseCache``)."""
+        """The cache of a pass over the decode slots (see ``_DenseCache``): the slots'
+        current views, or ``dense``."""
         return _DenseCache(
             (self.k_pool, self.v_pool),
-            (self._slots.k, self._slots.v),
+            dense or (self._slots.k, self._slots.v),
             self._group_of,
             blocks,
             offsets,
