@@ -3,9 +3,10 @@
 # tests on CUDA, `bench engine` on small's shapes (random weights) in fp32 and bf16 with
 # and without CUDA graphs against generate's static batch, the llama-1b preset against the
 # memory-bandwidth roofline, and generate in both precisions alternating in one process.
-# Usage: infra/gpu-checks.sh [OUT_DIR]   (PY: a Python with a CUDA torch and the project's
-# packages, aiokafka, redis and the edge's included: the CLI parser imports them; default
-# python3; the models are built into $TOKENWIRE_CACHE).
+# Usage: infra/gpu-checks.sh [OUT_DIR]   (PY: a Python with a CUDA torch, transformers and
+# the project's packages: the CLI imports pydantic, orjson, redis, aiokafka, httpx and
+# prometheus_client to parse its commands; default python3; the models are built into
+# $TOKENWIRE_CACHE).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-reports/gpu}
