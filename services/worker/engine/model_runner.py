@@ -613,32 +613,28 @@ class ModelRunner:
         ]
         graphs, cap = self._graphs, self._slots.capacity
         padded = None if graphs is None else bucket_rows(rows, graphs.largest)
-        if graphs is not None and padded is not None and padded * cap <= self._slots.limit_tokens:
-            # Rows past the batch: token 0 at position 0, written to the spare block and
-            # to slots no row holds (a slot is loaded in full before a row takes it).
-            pad = [0] * (padded - rows)
-            host = torch.tensor(
-                [
-                    ids + pad,
-                    pos + pad,
-                    [p % bs for p in pos] + pad,
-                    *(b + [self.spare_block] * len(pad) for b in blocks),
-                ],
-                dtype=torch.long,
-            )
-            out = graphs.run(host, cap)
-            if out is not None:
-                logits = out[:rows].float()
-                if logits.data_ptr() == out.data_ptr():  # the graph's own buffer: a copy
-                    logits = logits.clone()
-                if slot == sorted(slot):
-                    return logits
-                return logits[torch.tensor(slot, device=dev)]
-            host = host[:, :rows]
-        else:
-            # One host→device copy for all the small index vectors.
-            host = torch.tensor([ids, pos, [p % bs for p in pos], *blocks], dtype=torch.long)
-        ids_t, pos_t, off_t, *blk_t = host.to(dev).unbind(0)
+        if padded is not None and padded * cap > self._slots.limit_tokens:
+            padded = None
+        # One host→device copy for all the small index vectors. For a graph, rows past the
+        # batch: token 0 at position 0, written to the spare block and to slots no row
+        # holds (a slot is loaded in full before a row takes it).
+        pad = [0] * ((padded or rows) - rows)
+        host = torch.tensor(
+            [
+                ids + pad,
+                pos + pad,
+                [p % bs for p in pos] + pad,
+                *(b + [self.spare_block] * len(pad) for b in blocks),
+            ],
+            dtype=torch.long,
+        )
+        out = None if graphs is None or padded is None else graphs.run(host, cap)
+        if out is not None:
+            logits = out[:rows].float()
+            if logits.data_ptr() == out.data_ptr():  # the graph's own buffer: a copy
+                logits = logits.clone()
+            return _in_item_order(logits, slot)
+        ids_t, pos_t, off_t, *blk_t = host[:, :rows].to(dev).unbind(0)
         kv_len = max(pos) + 1
         cache = self._dense_cache(blk_t, off_t, pos_t, kv_len)
         ids_t, pos_t = ids_t.view(rows, 1), pos_t.view(rows, 1)
@@ -648,9 +644,7 @@ class ModelRunner:
             logits = direct(ids_t, pos_t, mask, cache)
         else:
             logits = self._run(ids_t, pos_t, kv_len, cache, 1)[:, 0]
-        if slot == sorted(slot):  # every item in the slot of its own index: rows in order
-            return logits.float()
-        return logits.float()[torch.tensor(slot, device=dev)]
+        return _in_item_order(logits.float(), slot)
 
     def _padded_pass(self, inputs: torch.Tensor, cap: int) -> torch.Tensor:
         """The decode of ``inputs`` (``[3 + groups, rows]``: token ids, positions, offsets in
@@ -727,9 +721,7 @@ class ModelRunner:
             logits = direct.rows(ids_t, pos_t, mask, cache).float()
         else:
             logits = self._run(ids_t, pos_t, kv_len, cache, 0).float()
-        if slot == sorted(slot):
-            return logits
-        return logits[torch.tensor(slot, device=dev)]
+        return _in_item_order(logits, slot)
 
     def _prefill(self, items: Sequence[RunItem], every_position: bool = False) -> torch.Tensor:
         """Rows of several tokens each (any mix), padded to the longest."""
@@ -788,6 +780,14 @@ class ModelRunner:
             use_cache=True,
             logits_to_keep=keep,
         ).logits
+
+
+def _in_item_order(logits: torch.Tensor, slot: list[int]) -> torch.Tensor:
+    """Rows of a pass over the decode slots (row ``s`` is slot ``s``) in the items' order
+    (item ``i`` sat in ``slot[i]``)."""
+    if slot == sorted(slot):  # every item in the slot of its own index: rows in order
+        return logits
+    return logits[torch.tensor(slot, device=logits.device)]
 
 
 def _padded(block_ids: Sequence[int], n: int) -> list[int]:
