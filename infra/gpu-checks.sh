@@ -36,6 +36,7 @@ if not (small / "build_info.json").exists():
 ensure_model("llama-1b", root)
 EOF
 MODELS=${TOKENWIRE_CACHE:-$HOME/.cache/tokenwire}/models
+LLAMA="$MODELS/$("$PY" -c 'from services.model.build import model_dir_name; print(model_dir_name("llama-1b"))')"
 bench_small() {
   step "bench engine, small's shapes, $1"
   timeout 150 "$PY" -m services.cli bench engine --model-dir "$MODELS/small-random" --device cuda --dtype "$1" \
@@ -46,18 +47,21 @@ bench_small() {
 bench_small float32
 
 step "llama-1b against the roofline (bf16)"
-timeout 150 "$PY" -m services.cli bench engine --model-dir "$MODELS/llama-1b-v1" --device cuda --dtype bfloat16 \
+timeout 150 "$PY" -m services.cli bench engine --model-dir "$LLAMA" --device cuda --dtype bfloat16 \
   --concurrency 1 64 --only throughput --no-generate-batch --new-tokens 128 \
   --out "$OUT/engine_cuda_llama1b.json" 2>&1 | grep -v "^\[model\]"
-"$PY" - "$OUT/engine_cuda_llama1b.json" <<'EOF'
+"$PY" - "$OUT/engine_cuda_llama1b.json" "$LLAMA/config.json" <<'EOF'
 import json, sys
 rep = json.load(open(sys.argv[1]))
+cfg = json.load(open(sys.argv[2]))
 params = rep["params_m"] * 1e6
 bandwidth = 4.8e12  # H200 HBM3e, bytes/s
+head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+kv_token = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * 2  # bf16 K and V
 for r in rep["throughput"]:
     c = r["concurrency"]
     # A decode step reads every weight once (bf16) and each row's KV (~256 positions).
-    kv = c * 256 * 22 * 2 * 4 * 64 * 2
+    kv = c * 256 * kv_token
     roof = c * bandwidth / (2 * params + kv)
     print(f"concurrency {c}: engine {r['engine_tok_s']:,.0f} tok/s, roofline {roof:,.0f} "
           f"({r['engine_tok_s'] / roof:.0%}); generate one at a time {r['hf_generate_serial_tok_s']:,.0f}")
