@@ -101,16 +101,28 @@ def leaders(described: dict[str, Any], topic: str) -> set[int]:
     return {p["leader"] for p in described[topic]["partitions"]}
 
 
-async def min_insync(st: Stack, topic: str) -> str:
-    admin = make_admin(st.settings, client_id="test-cluster")
-    await admin.start()
-    try:
-        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"min.insync.replicas": None})
-        [response] = await admin.describe_configs([resource])
-        [(_, _, _, _, configs)] = response.resources
-        return next(str(c[1]) for c in configs if c[0] == "min.insync.replicas")
-    finally:
-        await admin.close()
+async def min_insync(st: Stack, topic: str, within_s: float = 30) -> str:
+    """The topic's min.insync.replicas, asked until a node answers with the topic known: a
+    node the new topic's metadata has not reached yet answers with an error code and no
+    configs."""
+    deadline = time.monotonic() + within_s
+    resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"min.insync.replicas": None})
+    while True:
+        admin = make_admin(st.settings, client_id="test-cluster")
+        try:
+            await admin.start()
+            [response] = await admin.describe_configs([resource])
+            [(error, message, _, _, configs)] = response.resources
+            found = [str(c[1]) for c in configs if c[0] == "min.insync.replicas"]
+            if error == 0 and found:
+                return found[0]
+            last = f"error {error} {message!r}, configs {configs}"
+        except KafkaError as exc:
+            last = repr(exc)
+        finally:
+            await admin.close()
+        assert time.monotonic() < deadline, f"min.insync.replicas of {topic}: {last}"
+        await asyncio.sleep(0.5)
 
 
 async def all_in_sync(st: Stack, topics: list[str], node: int, within_s: float = 60) -> None:
