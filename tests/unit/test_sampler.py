@@ -10,7 +10,14 @@ from collections import Counter
 import pytest
 import torch
 
-from services.worker.engine.sampler import Picker, SamplingConfig, adjust, make_generator
+from services.worker.engine.sampler import (
+    MAX_BLOCK,
+    Picker,
+    SamplingConfig,
+    adjust,
+    make_generator,
+    row_max,
+)
 
 CPU = torch.device("cpu")
 VOCAB = 50
@@ -43,6 +50,30 @@ def test_greedy_is_argmax() -> None:
     out = sample(logits, [SamplingConfig()] * 8, [None] * 8)
     assert out == logits.argmax(dim=-1).tolist()
     assert all(isinstance(t, int) for t in out)
+
+
+@pytest.mark.parametrize("cols", [MAX_BLOCK * 32, MAX_BLOCK * 3, MAX_BLOCK, 1000, 7])
+def test_row_max_is_max_over_the_last_dim(cols: int) -> None:
+    """Values and first columns as ``max(dim=-1)``: ties within a block and across blocks,
+    NaN, +inf, a row of -inf only, a row of ties, and a view that is not contiguous."""
+    gen = torch.Generator().manual_seed(cols)
+    logits = torch.randn(12, cols, generator=gen)
+    logits[0, [3, cols - 1]] = 50.0  # the first of two, across blocks
+    logits[1, [5, 6]] = 50.0  # within one block
+    logits[2, cols // 2] = float("nan")
+    logits[3, [1, cols - 2]] = float("inf")
+    logits[4] = float("-inf")
+    logits[5] = 1.0
+    logits[6, cols - 1] = 99.0  # the last column
+    logits[7, 0] = 99.0
+    logits[8, cols // 3] = float("nan")
+    logits[8, 0] = float("inf")  # NaN wins over +inf, as max does
+    for x in (logits, torch.cat([logits, logits], dim=1)[:, :cols]):
+        top, col = row_max(x)
+        want_top, want_col = x.max(dim=-1)
+        assert torch.equal(col, want_col)
+        assert torch.equal(top.isnan(), want_top.isnan())
+        assert torch.equal(top.nan_to_num(0.0), want_top.nan_to_num(0.0))
 
 
 def test_greedy_rows_ignore_top_k_top_p_min_p_and_seed() -> None:
