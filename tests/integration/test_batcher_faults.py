@@ -39,6 +39,7 @@ from tests.conftest import new_prefix
 from tests.integration.harness import Stack, make_stack, produce, read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+SCENARIO_S = 150  # a scenario bounded inside the timeout above
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 REDIS_UP = 'tw_batcher_dependency_up{dependency="redis"}'
@@ -220,7 +221,10 @@ async def test_a_worker_cutting_other_blocks_is_never_sent_a_batch(
     odd = FakeWorker(url, stk.names, partitions=[1], free_slots=1000, name="odd", block_size=32)
     good = FakeWorker(url, stk.names, partitions=[0], free_slots=1000, name="ok", block_size=16)
     try:
-        async with odd.running():
+        # Within the test's own limit: a wait that never ends fails here, with the stack of
+        # what it waited on, and the stack is stopped (pytest-timeout's failure abandons the
+        # event loop's task, and the batcher with it; seen once in CI, not reproduced).
+        async with asyncio.timeout(SCENARIO_S), odd.running():
             stk.start("batcher")
             await stk.wait_ready(workers=1)
             await produce(boot, stk.names.requests, [encode(r) for r in held])
