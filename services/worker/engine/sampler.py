@@ -146,11 +146,11 @@ class Picker:
 
     def __init__(self, logits: torch.Tensor, configs: list[SamplingConfig]) -> None:
         logits = logits.float()
-        # One reduction finds both each row's argmax and whether the row is usable: the
-        # maximum is NaN where the row holds a NaN, +inf where it holds +inf, and -inf
-        # where it holds nothing else; ties go to the first index, as with ``argmax``.
-        # Read back and tested on the host: one kernel a step, where testing on the device
-        # took three more.
+        # The row maxima (``row_max``) give both each row's argmax and whether the row is
+        # usable: the maximum is NaN where the row holds a NaN, +inf where it holds +inf,
+        # and -inf where it holds nothing else; ties go to the first index, as with
+        # ``argmax``. Read back and tested on the host, where testing on the device took
+        # three more kernels a step.
         top, argmax = row_max(logits)
         self.bad = {i for i, t in enumerate(top.tolist()) if not math.isfinite(t)}
         self.argmax: list[int] = argmax.tolist()
