@@ -12,7 +12,9 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
+from types import FrameType
 
 import orjson
 
@@ -108,6 +110,25 @@ def setup_logging(service: str, level: str = "INFO") -> None:
         signal.signal(signal.SIGUSR1, dump_stacks)
 
 
+def _await_chain(task: asyncio.Task[object]) -> list[FrameType]:
+    """The frames a task waits in, outermost first: its coroutine and each one it awaits
+    (``Task.print_stack`` shows the outermost only)."""
+    frames = []
+    step: object = task.get_coro()
+    while step is not None:
+        frame = next(
+            (f for a in ("cr_frame", "gi_frame", "ag_frame") if (f := getattr(step, a, None))),
+            None,
+        )
+        if frame is not None:
+            frames.append(frame)
+        step = next(
+            (s for a in ("cr_await", "gi_yieldfrom", "ag_await") if (s := getattr(step, a, None))),
+            None,
+        )
+    return frames
+
+
 def dump_stacks(signum: int = signal.SIGUSR1, frame: object = None) -> None:
     """Write every thread's stack and, when an event loop runs, every task's await chain
     to stderr (``kill -USR1 <pid>`` on any service): what a process that will not stop or
@@ -124,6 +145,7 @@ def dump_stacks(signum: int = signal.SIGUSR1, frame: object = None) -> None:
         err.write(f"--- {len(tasks)} asyncio tasks ---\n")
         for task in tasks:
             err.write(f"{task!r}\n")
-            task.print_stack(file=err)
+            chain = traceback.StackSummary.extract((f, f.f_lineno) for f in _await_chain(task))
+            err.write("".join(chain.format()))
     err.write("--- end of stacks ---\n")
     err.flush()

@@ -8,6 +8,7 @@ model: a publisher in the test writes token events into Redis the way workers do
   up, reports Redis down on /readyz and in a gauge, and logs the outage once.
 - Kafka stopped: new requests get 503 ``queue_unavailable`` with Retry-After within the
   producer's request timeout, and are accepted once it is back; the edge stays up.
+- A stop that lands while the batch collector closes its consumer still stops it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -25,6 +27,11 @@ import pytest
 
 from services.bench.edge_bench import publish_steps
 from services.bench.servers import Server
+from services.edge import batch_runner
+from services.edge.batch_runner import BatchRunner
+from services.edge.config import EdgeSettings
+from services.edge.metrics import EdgeMetrics
+from services.edge.state import EdgeState
 from shared.messages import FinishReason, TokenEvent
 from shared.names import Names
 from shared.resp import RespWriter
@@ -332,3 +339,55 @@ async def test_kafka_outage_new_requests_get_503(infra: dict[str, str], own_kafk
         st.check_alive()
         log = (st.log_dir / f"{st.prefix}-edge.log").read_text()
         assert "Traceback" not in log and "never retrieved" not in log, log[-3000:]
+
+
+# --- stopping while the batch collector closes its consumer ------------------------------
+async def test_the_batch_collector_stops_when_the_stop_lands_in_its_consumers_close(
+    infra: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiokafka's ``AIOKafkaConsumer.stop`` awaits its own cancelled tasks under
+    ``suppress(CancelledError)``: a cancel that lands there is swallowed, and a loop that
+    relies on one cancel runs on. The collector closes its consumer each time it loses its
+    lease; an edge stopped at that moment must still stop (a rolling restart once waited
+    90 s on an edge stuck there)."""
+    st = make_stack(new_prefix("collector-stop"), infra, "", ARTIFACTS)
+    await st.create_topics(partitions=1)
+    state = EdgeState.build(EdgeSettings.from_env(st.env), EdgeMetrics())
+    await state.start()
+    runner = BatchRunner(state)
+    stopping: list[asyncio.Task[None]] = []
+    reading, closing = asyncio.Event(), asyncio.Event()
+    made = batch_runner.make_consumer
+
+    def consumer(*args: Any, **kwargs: Any) -> Any:
+        c = made(*args, **kwargs)
+        close = c.stop
+        reading.set()  # made once the collector holds its lease
+
+        async def stop() -> None:  # the edge's shutdown begins as the consumer closes
+            if not stopping:
+                stopping.append(asyncio.create_task(runner.stop()))
+                closing.set()
+            await close()
+
+        c.stop = stop
+        return c
+
+    monkeypatch.setattr(batch_runner, "make_consumer", consumer)
+    lease = state.names.batch_api("{collector}", "lease")
+    try:
+        await runner.start()
+        await asyncio.wait_for(reading.wait(), 30)
+        assert await state.redis.get(lease) == runner.me.encode()
+        # Another edge holds the lease now: the collector closes its consumer.
+        await state.redis.set(lease, b"another-edge", px=60_000)
+        await asyncio.wait_for(closing.wait(), 30)
+        done, _ = await asyncio.wait(stopping, timeout=30)
+        assert done, "the batch runner still runs 30 s after its stop began"
+        assert all(t.done() for t in runner._tasks)
+    finally:
+        for t in [*stopping, *runner._tasks]:
+            while not t.done():  # what a failed run leaves: cancel until it takes
+                t.cancel()
+                await asyncio.wait([t], timeout=1)
+        await state.stop()

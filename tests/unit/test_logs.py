@@ -54,11 +54,15 @@ STUCK = textwrap.dedent(
         async with lock:
             pass
 
+    async def loops_over_a_step(lock):
+        while True:
+            await waits_on_a_lock_nobody_releases(lock)
+
     async def main():
         setup_logging("probe")
         lock = asyncio.Lock()
         await lock.acquire()
-        task = asyncio.create_task(waits_on_a_lock_nobody_releases(lock))
+        task = asyncio.create_task(loops_over_a_step(lock))
         await asyncio.sleep(0.05)  # the task waits on the lock now
         print("ready", flush=True)
         await asyncio.sleep(3600)
@@ -89,8 +93,8 @@ def test_sigusr1_writes_every_tasks_await_chain_and_the_process_goes_on(tmp_path
                 break
         text = "".join(dump)
         assert "Current thread" in text or "Thread 0x" in text, text  # the threads' stacks
-        assert "waits_on_a_lock_nobody_releases" in text, text  # the stuck task
-        assert "async with lock" in text, text  # ... and the line it waits on
+        assert "await waits_on_a_lock_nobody_releases(lock)" in text, text  # the stuck task
+        assert "async with lock" in text, text  # ... down to the line it waits on
         assert proc.poll() is None  # still running
     finally:
         proc.kill()
