@@ -17,11 +17,13 @@ script touches together shares a hash tag (``shared.names``), so it works on bot
 from __future__ import annotations
 
 import ssl
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -30,6 +32,35 @@ from shared.credentials import client_tls, secret
 
 if TYPE_CHECKING:
     from shared.settings import CommonSettings
+
+
+async def _sent(sending: Awaitable[None]) -> None:
+    """``sending``, with a connection closed under it by another task raising
+    ``ConnectionError`` as one the network lost does. redis-py's cluster client disconnects
+    a node's connections, busy ones too, when it reads the slots' owners again after a
+    failover; a command then writing on one met its writer gone (``AttributeError``; on
+    Python 3.12 and later a closed transport raises ``TypeError``), which no retry and no
+    outage handling catches: a stream relayed through it ended with a 500."""
+    try:
+        await sending
+    except (AttributeError, TypeError) as exc:
+        if "'NoneType'" not in str(exc):
+            raise
+        raise redis_errors.ConnectionError(f"connection closed while in use ({exc})") from exc
+
+
+class _Connection(aioredis.Connection):
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        await _sent(super().send_packed_command(command, check_health))
+
+
+class _SSLConnection(aioredis.SSLConnection):
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        await _sent(super().send_packed_command(command, check_health))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +134,19 @@ class RedisAccess:
             if retry is not None and retry.get_retries() < 1:
                 options["retry"] = Retry(NoBackoff(), 1)
             cluster = RedisCluster.from_url(self.url, **self.kwargs(), **options)
+            # Its constructor takes no connection class: the nodes it knows and those it
+            # finds later are given this one (nothing is connected yet).
+            cluster.connection_kwargs["connection_class"] = self._connection_class
+            for node in cluster.startup_nodes:
+                node.connection_class = self._connection_class
             return cast(aioredis.Redis, cluster)
-        return aioredis.Redis.from_url(self.url, **self.kwargs(), **options)
+        return aioredis.Redis.from_url(
+            self.url, **self.kwargs(), connection_class=self._connection_class, **options
+        )
+
+    @property
+    def _connection_class(self) -> type[aioredis.Connection]:
+        return _SSLConnection if self.tls else _Connection
 
     def __repr__(self) -> str:  # never print the password
         user, _ = self.login()

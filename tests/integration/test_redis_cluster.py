@@ -16,6 +16,9 @@ also checked alone through a failover.)
   again.
 - The killed master's replica is promoted; the killed node, started again, rejoins as a
   replica. No process exits.
+- A connection closed by another task while a command is sent on it (what the cluster
+  client does to busy connections after a failover) raises an outage error, plain or
+  cluster, and the client goes on.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
+from redis.asyncio.cluster import RedisCluster
 
 from services.bench.servers import Server, private_redis_cluster
 from services.edge.hub import RESYNC, Hub, Mailbox
@@ -36,8 +40,9 @@ from shared import token_stream
 from shared.codec import decode
 from shared.messages import TokenEvent
 from shared.names import Names
-from shared.redis_client import RedisAccess
+from shared.redis_client import RedisAccess, initialized
 from shared.resp import RespWriter, Topology
+from shared.retry import REDIS_DOWN
 from tests.conftest import new_prefix
 from tests.integration.conftest import ARTIFACTS
 from tests.integration.harness import Stack, make_stack
@@ -106,6 +111,38 @@ async def promoted(topo: Topology, victim: tuple[str, int], within_s: float = 30
             pass
         assert time.monotonic() < deadline, "no replica took the killed master's slots"
         await asyncio.sleep(0.3)
+
+
+async def closed_under_a_command(conn: Any) -> BaseException:
+    """What a command raises when another task closes its connection while it is sent:
+    what redis-py's cluster client does to a node's busy connections when it reads the
+    slots' owners again after a failover (a CI run's edge met it mid-stream)."""
+    await conn.connect()
+    sending = asyncio.create_task(conn.send_command("PING"))
+    await asyncio.sleep(0)  # the send is under way: its write waits for its turn
+    await conn.disconnect(nowait=True)
+    with pytest.raises(BaseException) as caught:
+        await sending
+    return caught.value
+
+
+async def test_a_connection_closed_under_a_command_is_an_outage_not_a_crash(
+    infra: dict[str, str], redis_cluster: Server
+) -> None:
+    plain = RedisAccess(infra["TW_REDIS_URL"]).client(socket_timeout=2.0)
+    cluster = RedisAccess(redis_cluster.url, cluster=True).client(socket_timeout=2.0)
+    try:
+        await initialized(cluster)
+        node = cast(RedisCluster, cluster).get_random_node()
+        for conn in (plain.connection_pool.make_connection(), node.acquire_connection()):
+            exc = await closed_under_a_command(conn)
+            assert isinstance(exc, REDIS_DOWN), repr(exc)
+        # ... and both clients go on.
+        assert await plain.ping()
+        assert await cluster.ping()
+    finally:
+        await plain.aclose()
+        await cluster.aclose()
 
 
 async def test_the_hub_and_the_writer_follow_a_failover(redis_cluster: Server) -> None:
