@@ -40,7 +40,7 @@ async def _sent(sending: Awaitable[None]) -> None:
     a node's connections, busy ones too, when it reads the slots' owners again after a
     failover; a command then writing on one met its writer gone (``AttributeError``; on
     Python 3.12 and later a closed transport raises ``TypeError``), which no retry and no
-    outage handling catches: a stream relayed through it ended with a 500."""
+    outage handling catches: an edge's stream read through it broke off mid-body."""
     try:
         await sending
     except (AttributeError, TypeError) as exc:
