@@ -27,6 +27,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 from shared.kafka_access import KafkaAccess
 from shared.retry import KAFKA_DOWN, backoff
 from shared.settings import CommonSettings
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -150,9 +151,7 @@ class RenewingProducer:
 
     async def stop(self) -> None:
         """Stop the current producer (it flushes what it holds) and any being retired."""
-        if self._renewing is not None:  # it may be waiting for Kafka: not at shutdown
-            self._renewing.cancel()
-            await asyncio.gather(self._renewing, return_exceptions=True)
+        await cancel_and_wait(self._renewing)  # it may be waiting for Kafka: not at shutdown
         await asyncio.gather(*self._retired, return_exceptions=True)
         await self._current.stop()
 
@@ -338,8 +337,7 @@ async def unless_stopped(start: Awaitable[None], stopping: asyncio.Event) -> boo
     if starting.done():
         starting.result()
         return True
-    starting.cancel()
-    await asyncio.gather(starting, return_exceptions=True)
+    await cancel_and_wait(starting)
     return False
 
 
@@ -437,9 +435,7 @@ class KafkaProbe:
         self._task = asyncio.create_task(self._run(), name="kafka-probe")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
 
     async def probe(self) -> bool:
         """Ask once and report the answer; True when the topics are served."""

@@ -36,6 +36,7 @@ from services.edge.routes import (
 )
 from services.edge.routes.ops import STATIC
 from services.edge.state import EdgeState
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,4 @@ async def _start_unless_stopped(app: FastAPI, state: EdgeState) -> bool:
                 log.info("asked to stop while starting")
                 return False
     finally:
-        if not start.done():
-            start.cancel()
-            await asyncio.gather(start, return_exceptions=True)
+        await cancel_and_wait(start)

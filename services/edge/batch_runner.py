@@ -48,6 +48,7 @@ from shared.codec import DecodeError, decode, encode
 from shared.kafka_io import make_consumer
 from shared.messages import CacheMode, CancelRequest, Completion, GenerateRequest
 from shared.retry import REDIS_DOWN
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,6 @@ TICK_S = 0.25
 LEASE_MS = 5_000
 RESEND_S = 1.0  # how often a cancelling batch's cancels are broadcast again
 CANCEL_GRACE_S = 120.0  # a cancelled line whose worker never answers is written off then
-STOP_S = 10.0  # how long a stop waits for the two tasks before it leaves them behind
 TRANSIENT = (*REDIS_DOWN, KafkaError)
 
 
@@ -69,7 +69,6 @@ class BatchRunner:
         self._tasks: list[asyncio.Task[None]] = []
         self._resent: dict[str, float] = {}
         self._held: set[str] = set()  # batches leased by this edge
-        self._stopping = False
 
     async def start(self) -> None:
         self._tasks = [
@@ -79,21 +78,8 @@ class BatchRunner:
 
     async def stop(self) -> None:
         """Stop both tasks and hand this edge's leases over (a restart of a healthy edge
-        then pauses no batch; a crash leaves them to expire).
-
-        A cancel can be lost: aiokafka's consumer close awaits its own cancelled tasks
-        under ``suppress(CancelledError)``, so one that lands there is swallowed. So the
-        loops also end on ``_stopping``, the cancel is repeated each second, and after
-        ``STOP_S`` the stop goes on without them."""
-        self._stopping = True
-        pending = {t for t in self._tasks if not t.done()}
-        deadline = time.monotonic() + STOP_S
-        while pending and time.monotonic() < deadline:
-            for t in pending:
-                t.cancel()
-            _, pending = await asyncio.wait(pending, timeout=1.0)
-        if pending:
-            log.warning("batch tasks still running %.0f s after the stop; left behind", STOP_S)
+        then pauses no batch; a crash leaves them to expire)."""
+        await cancel_and_wait(*self._tasks)
         try:
             await self.store.release(self.me, sorted(self._held))
         except REDIS_DOWN as exc:
@@ -101,7 +87,7 @@ class BatchRunner:
 
     async def _forever(self, step: Callable[[], Awaitable[None]], what: str) -> None:
         away = False  # a dependency outage: the edge's health check warns of it once
-        while not self._stopping:
+        while True:
             try:
                 await step()
                 if away:
@@ -307,7 +293,7 @@ class BatchRunner:
                     consumer.seek(tp, stored[tp.partition])
                 else:
                     await consumer.seek_to_beginning(tp)
-            while not self._stopping and await self.store.lease_collector(self.me, LEASE_MS):
+            while await self.store.lease_collector(self.me, LEASE_MS):
                 batch = await consumer.getmany(timeout_ms=500, max_records=500)
                 done = [c for msgs in batch.values() for c in _completions(msgs)]
                 if done:

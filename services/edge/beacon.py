@@ -21,6 +21,7 @@ from shared import registry
 from shared.codec import encode
 from shared.messages import EdgeHeartbeat
 from shared.retry import REDIS_DOWN
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,7 @@ class EdgeBeacon:
 
     async def stop(self) -> None:
         """Stop beating and withdraw the heartbeat (best effort: Redis may be away)."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
         names = self._settings.names
         pipe = self._redis.pipeline(transaction=False)
         registry.withdraw(pipe, names.edges_index, self.edge_id, names.edge_heartbeat(self.edge_id))

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 
 from services.ops.status import Collector, Snapshot, quantile, ttft_span
 from shared.settings import CommonSettings
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +114,7 @@ class DashboardFeed:
             self._task.add_done_callback(_report)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
         await self._collector.close()
 
     async def _run(self) -> None:

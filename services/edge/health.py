@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from services.edge.errors import ApiError, unavailable
 from services.edge.metrics import EdgeMetrics
 from shared.retry import REDIS_DOWN
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,7 @@ class RedisHealth:
         self._task = asyncio.create_task(self._run(), name="edge-redis-probe")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
 
     async def probe(self) -> bool:
         """Ping Redis once; True when it answered."""

@@ -19,7 +19,6 @@ what was published meanwhile is in the replay log, which the stream reads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from typing import Final
@@ -27,6 +26,7 @@ from typing import Final
 from shared.redis_client import RedisAccess, as_access
 from shared.resp import Addr, RedisReplyError, RespParser, Topology, command, connect, redirect
 from shared.retry import TRANSIENT_REPLIES, backoff
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -168,11 +168,7 @@ class Hub:
 
     async def stop(self) -> None:
         tasks = [k.task for k in list(self._links.values()) if k.task is not None]
-        for task in [*tasks, self._mender]:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(*tasks, self._mender)
         for link in list(self._links.values()):
             link.close()
 

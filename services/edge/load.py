@@ -20,6 +20,7 @@ from shared.codec import DecodeError, decode
 from shared.messages import BatcherStatus, WorkerHeartbeat
 from shared.names import Names
 from shared.retry import REDIS_DOWN
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,7 @@ class LoadWatcher:
         self._task = asyncio.create_task(self._run(), name="edge-load")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
 
     async def refresh(self) -> Load:
         n = self._names

@@ -30,6 +30,7 @@ from services.edge.shapes import fingerprint_of
 from shared.kafka_io import KafkaProbe, RenewingProducer
 from shared.names import Names
 from shared.retry import Dependency
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +156,7 @@ class EdgeState:
     async def stop(self) -> None:
         await self.beacon.stop()
         await self.dashboard.stop()
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await cancel_and_wait(*self._background)
         await self.health.stop()
         await self.load.stop()
         await self.hub.stop()

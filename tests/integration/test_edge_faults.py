@@ -8,7 +8,8 @@ model: a publisher in the test writes token events into Redis the way workers do
   up, reports Redis down on /readyz and in a gauge, and logs the outage once.
 - Kafka stopped: new requests get 503 ``queue_unavailable`` with Retry-After within the
   producer's request timeout, and are accepted once it is back; the edge stays up.
-- A stop that lands while the batch collector closes its consumer still stops it.
+- A stop that lands while the batch collector closes its consumer still stops it, and one
+  that lands as the load watcher's Redis call completes still stops the watcher.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from services.bench.servers import Server
 from services.edge import batch_runner
 from services.edge.batch_runner import BatchRunner
 from services.edge.config import EdgeSettings
+from services.edge.load import LoadWatcher
 from services.edge.metrics import EdgeMetrics
 from services.edge.state import EdgeState
 from shared.messages import FinishReason, TokenEvent
 from shared.names import Names
+from shared.redis_client import RedisAccess
 from shared.resp import RespWriter
 from shared.token_stream import event_commands
 from tests.conftest import new_prefix
@@ -391,3 +394,27 @@ async def test_the_batch_collector_stops_when_the_stop_lands_in_its_consumers_cl
                 t.cancel()
                 await asyncio.wait([t], timeout=1)
         await state.stop()
+
+
+async def test_the_load_watcher_stops_though_a_redis_call_can_lose_its_cancel(
+    infra: dict[str, str],
+) -> None:
+    """The edge's load watcher polls Redis in a loop; a cancel that lands as a call
+    completes is lost inside redis-py (Python 3.11's ``wait_for``), and an edge waited on
+    it after SIGTERM. Each stop, landing at another point of the loop, must end it."""
+    client = RedisAccess(infra["TW_REDIS_URL"]).client(socket_timeout=2.0)
+    names = Names(new_prefix("load-stop"))
+    watcher: LoadWatcher | None = None
+    try:
+        for i in range(40):
+            watcher = LoadWatcher(client, names, refresh_s=0.0)
+            watcher.start()
+            await asyncio.sleep(0.002 + 0.001 * (i % 10))
+            done, _ = await asyncio.wait([asyncio.create_task(watcher.stop())], timeout=5)
+            assert done, f"stop {i}: the load watcher still runs 5 s after its stop"
+    finally:
+        task = watcher._task if watcher is not None else None
+        while task is not None and not task.done():  # what a failed run leaves
+            task.cancel()
+            await asyncio.wait([task], timeout=0.5)
+        await client.aclose()
