@@ -29,7 +29,9 @@ async def cancel_and_wait(
     """Cancel ``tasks`` (None ones skipped) and wait until each has ended, cancelling
     those still running again every ``RECANCEL_S``; after ``within_s``, give up on the
     rest: they are returned (and logged). Exceptions the tasks ended with are taken, as
-    ``gather(..., return_exceptions=True)`` does, and not raised."""
+    ``gather(..., return_exceptions=True)`` does, and not raised. A task's own clean-up
+    (a ``finally`` that awaits) is cancelled too when it takes longer than ``RECANCEL_S``:
+    for tasks whose clean-up is best effort, as the services' background loops are."""
     pending = {t for t in tasks if t is not None and not t.done()}
     deadline = time.monotonic() + within_s
     while pending:

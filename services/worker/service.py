@@ -44,6 +44,7 @@ from shared.consumer_flow import Rebalance
 from shared.kafka_io import start_consumer, unless_stopped
 from shared.metrics import serve_metrics
 from shared.retry import REDIS_DOWN
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +95,12 @@ class WorkerService:
             for t in done:
                 if t is not stop and t.exception():
                     raise t.exception()  # type: ignore[misc]
-            consume.cancel()
-            await asyncio.gather(consume, return_exceptions=True)
+            await cancel_and_wait(consume, within_s=SHUTDOWN_STEP_S)
             await self._drain()
         finally:
-            for t in [consume, *others, stop]:
-                t.cancel()
             # Bounded: a client library that ignores cancellation must not keep a stopping
             # worker (and its partitions) hostage.
-            await asyncio.wait([consume, *others, stop], timeout=SHUTDOWN_STEP_S)
+            await cancel_and_wait(consume, *others, stop, within_s=SHUTDOWN_STEP_S)
             await asyncio.to_thread(ctx.runner.stop)
             await asyncio.wait_for(self._shutdown(), timeout=3 * SHUTDOWN_STEP_S)
 
