@@ -17,7 +17,7 @@ script touches together shares a hash tag (``shared.names``), so it works on bot
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
@@ -34,33 +34,27 @@ if TYPE_CHECKING:
     from shared.settings import CommonSettings
 
 
-async def _sent(sending: Awaitable[None]) -> None:
-    """``sending``, with a connection closed under it by another task raising
-    ``ConnectionError`` as one the network lost does. redis-py's cluster client disconnects
-    a node's connections, busy ones too, when it reads the slots' owners again after a
-    failover; a command then writing on one met its writer gone (``AttributeError``; on
-    Python 3.12 and later a closed transport raises ``TypeError``), which no retry and no
-    outage handling catches: an edge's stream read through it broke off mid-body."""
-    try:
-        await sending
-    except (AttributeError, TypeError) as exc:
-        if "'NoneType'" not in str(exc):
-            raise
-        raise redis_errors.ConnectionError(f"connection closed while in use ({exc})") from exc
-
-
 class _Connection(aioredis.Connection):
+    """A connection closed under a command by another task raises ``ConnectionError``, as
+    one the network lost does. redis-py's cluster client disconnects a node's connections,
+    busy ones too, when it reads the slots' owners again after a failover; a command then
+    writing on one met its writer gone (``AttributeError``; on Python 3.12 and later a
+    closed transport raises ``TypeError``), which no retry and no outage handling catches:
+    an edge's stream read through it broke off mid-body."""
+
     async def send_packed_command(
         self, command: bytes | str | Iterable[bytes], check_health: bool = True
     ) -> None:
-        await _sent(super().send_packed_command(command, check_health))
+        try:
+            await super().send_packed_command(command, check_health)
+        except (AttributeError, TypeError) as exc:
+            if "'NoneType'" not in str(exc):
+                raise
+            raise redis_errors.ConnectionError(f"connection closed while in use ({exc})") from exc
 
 
-class _SSLConnection(aioredis.SSLConnection):
-    async def send_packed_command(
-        self, command: bytes | str | Iterable[bytes], check_health: bool = True
-    ) -> None:
-        await _sent(super().send_packed_command(command, check_health))
+class _SSLConnection(_Connection, aioredis.SSLConnection):
+    """The same over TLS."""
 
 
 @dataclass(frozen=True, slots=True)

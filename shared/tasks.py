@@ -6,8 +6,9 @@ and redis-py sends and reads through it: a loop of Redis calls, cancelled, went 
 about a third of the tries (a throwaway script against the test Redis). aiokafka's
 consumer close awaits its own cancelled tasks under ``suppress(CancelledError)``, losing
 a cancel that lands there. A stop that cancels once and waits can then wait for ever (an
-edge still ran 90 s after SIGTERM, its load watcher polling on). ``cancel_and_wait``
-cancels again until the tasks have ended, within a bound.
+edge still ran 90 s after SIGTERM, its batch collector reading on; another, its load
+watcher polling on). ``cancel_and_wait`` cancels again until the tasks have ended, within
+a bound.
 """
 
 from __future__ import annotations
