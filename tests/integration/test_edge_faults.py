@@ -38,6 +38,7 @@ from shared.messages import FinishReason, TokenEvent
 from shared.names import Names
 from shared.redis_client import RedisAccess
 from shared.resp import RespWriter
+from shared.tasks import cancel_and_wait
 from shared.token_stream import event_commands
 from tests.conftest import new_prefix
 from tests.integration.harness import Stack, make_stack
@@ -389,10 +390,7 @@ async def test_the_batch_collector_stops_when_the_stop_lands_in_its_consumers_cl
         assert done, "the batch runner still runs 30 s after its stop began"
         assert all(t.done() for t in runner._tasks)
     finally:
-        for t in [*stopping, *runner._tasks]:
-            while not t.done():  # what a failed run leaves: cancel until it takes
-                t.cancel()
-                await asyncio.wait([t], timeout=1)
+        await cancel_and_wait(*stopping, *runner._tasks)  # what a failed run leaves
         await state.stop()
 
 
@@ -413,8 +411,5 @@ async def test_the_load_watcher_stops_though_a_redis_call_can_lose_its_cancel(
             done, _ = await asyncio.wait([asyncio.create_task(watcher.stop())], timeout=5)
             assert done, f"stop {i}: the load watcher still runs 5 s after its stop"
     finally:
-        task = watcher._task if watcher is not None else None
-        while task is not None and not task.done():  # what a failed run leaves
-            task.cancel()
-            await asyncio.wait([task], timeout=0.5)
+        await cancel_and_wait(watcher._task if watcher is not None else None)  # a failed run's
         await client.aclose()
