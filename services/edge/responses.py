@@ -23,6 +23,7 @@ from services.edge.relay import Event, EventStream
 from services.edge.shapes import ChoiceResult, Shape, ends_badly, error_of, error_status
 from services.edge.sse import DONE, KEEPALIVE, frame
 from services.edge.state import EdgeState
+from shared.tasks import cancel_and_wait
 
 CACHE_HEADER = b"x-tokenwire-cache"
 SSE_HEADERS = [
@@ -186,10 +187,10 @@ async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for t in (task, watcher):
-            if not t.done():
-                t.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
+        # Again until they end: a Redis read in the relay can lose a cancel.
+        await cancel_and_wait(task, watcher)
+    if not task.done():
+        return False  # left behind after the stop's bound (and logged)
     if task.cancelled() or task.exception() is not None:
         exc = None if task.cancelled() else task.exception()
         if exc is not None and not isinstance(exc, OSError):

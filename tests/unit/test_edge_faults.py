@@ -201,3 +201,25 @@ def test_the_guard_maps_only_an_outage_to_503() -> None:
         assert refused.value.status == 503
     with pytest.raises(redis.exceptions.ResponseError), health.guard("rate limit"):
         raise redis.exceptions.ResponseError("WRONGTYPE")  # a bug, not an outage
+
+
+async def test_a_relay_whose_work_loses_a_cancel_still_ends_when_its_client_goes() -> None:
+    """A client gone cancels the relay's work; a Redis read inside it can lose that cancel
+    (see ``shared/tasks.py``). The relay cancels again rather than wait out the stream."""
+    from services.edge.responses import _until_disconnect
+
+    async def receive() -> dict[str, str]:
+        await asyncio.sleep(0.05)
+        return {"type": "http.disconnect"}
+
+    cancels: list[int] = []
+
+    async def work() -> None:  # loses its first cancel, as a read under wait_for can
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancels.append(1)
+        await asyncio.sleep(3600)
+
+    assert await asyncio.wait_for(_until_disconnect(receive, work()), 5) is False
+    assert cancels == [1]

@@ -31,6 +31,7 @@ from services.edge.relay import EventStream
 from services.edge.shapes import Shape, created_of, ends_badly, error_of, usage_of
 from services.edge.state import EdgeState
 from services.edge.submit import open_response
+from shared.tasks import cancel_and_wait
 
 router = APIRouter()
 BODIES: dict[str, type[CompletionBody] | type[ChatBody]] = {
@@ -137,10 +138,8 @@ async def _relay(
     finally:
         stream.close()
         st.metrics.streams.dec()
-        for t in (listener, pump):
-            t.cancel()
-        await asyncio.gather(listener, pump, return_exceptions=True)
-    gone = pump.cancelled() or pump.exception() is not None
+        await cancel_and_wait(listener, pump)  # again until they end (a lost cancel)
+    gone = not pump.done() or pump.cancelled() or pump.exception() is not None
     if (gone and cancel_on_disconnect) or stream.finished:
         # What a gone client would have read, or a failed response's other choices.
         for left in stream.unfinished():
