@@ -31,6 +31,7 @@ class ChoiceStreams:
         self._finals: dict[int, Event] = {}
         self._queue: asyncio.Queue[list[Event]] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
+        self._closed = False
 
     def _start(self) -> None:
         if not self._pumps:
@@ -41,8 +42,10 @@ class ChoiceStreams:
 
     async def _pump(self, index: int, stream: EventStream) -> None:
         # A stream can be finished with events still to take (a cache hit's are all in
-        # its log when it opens): it is read until it returns none.
-        while True:
+        # its log when it opens): it is read until it returns none. A closed response's
+        # pump ends at its next read even when that read lost the close's cancel (a Redis
+        # call can): a closed stream is never fed again, and it would read on for ever.
+        while not self._closed:
             events = await stream.next(PUMP_WAIT_S)
             if events:
                 self._queue.put_nowait([{**ev, "index": index} for ev in events])
@@ -98,6 +101,7 @@ class ChoiceStreams:
         return [s.request_id for i, s in enumerate(self.streams) if i not in self._finals]
 
     def close(self) -> None:
+        self._closed = True
         for task in self._pumps:
             task.cancel()
         for stream in self.streams:

@@ -85,3 +85,32 @@ async def test_one_failing_choice_ends_the_response_and_leaves_the_others_to_can
     assert cs.final_event is not None and cs.final_event["error"]["code"] == "internal"
     assert cs.unfinished() == ["r-0"]
     cs.close()
+
+
+class LosesACancel(Scripted):
+    """A stream whose read loses the first cancel, as a replay-log read in Redis can
+    (``shared/tasks.py``), and then waits on, never finishing."""
+
+    def __init__(self, rid: str) -> None:
+        super().__init__(rid, [])
+        self.lost = 0
+
+    async def next(self, wait_s: float) -> list[dict[str, Any]]:
+        try:
+            await asyncio.sleep(wait_s)
+        except asyncio.CancelledError:
+            if self.lost:
+                raise
+            self.lost += 1
+        return []
+
+
+async def test_a_closed_response_stops_its_choices_though_a_read_loses_the_cancel() -> None:
+    stream = LosesACancel("r-0")
+    cs = _merged([stream], [0])
+    assert await cs.next(0.05) == []  # the pump is reading
+    cs.close()
+    pump = cs._pumps[0]
+    done, _ = await asyncio.wait({pump}, timeout=3)
+    assert stream.lost == 1  # the one cancel was lost, yet the pump ended
+    assert done == {pump}
