@@ -39,18 +39,26 @@ class _Connection(aioredis.Connection):
     one the network lost does. redis-py's cluster client disconnects a node's connections,
     busy ones too, when it reads the slots' owners again after a failover; a command then
     writing on one met its writer gone (``AttributeError``; on Python 3.12 and later a
-    closed transport raises ``TypeError``), which no retry and no outage handling catches:
-    an edge's stream read through it broke off mid-body."""
+    closed transport raises ``TypeError``), or, on uvloop, as the services run, its
+    transport closed (``RuntimeError``: "the handler is closed"), which no retry and no
+    outage handling catches: an edge's stream read through it broke off mid-body, and a
+    request opening its stream then was answered 500."""
 
     async def send_packed_command(
         self, command: bytes | str | Iterable[bytes], check_health: bool = True
     ) -> None:
         try:
             await super().send_packed_command(command, check_health)
-        except (AttributeError, TypeError) as exc:
-            if "'NoneType'" not in str(exc):
+        except (AttributeError, TypeError, RuntimeError) as exc:
+            if not _closed_under_us(exc):
                 raise
             raise redis_errors.ConnectionError(f"connection closed while in use ({exc})") from exc
+
+
+def _closed_under_us(exc: Exception) -> bool:
+    if isinstance(exc, RuntimeError):
+        return "handler is closed" in str(exc)  # uvloop's write on a closed transport
+    return "'NoneType'" in str(exc)
 
 
 class _SSLConnection(_Connection, aioredis.SSLConnection):

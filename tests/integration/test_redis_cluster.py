@@ -32,6 +32,7 @@ from typing import Any, cast
 
 import httpx
 import pytest
+import uvloop
 from redis.asyncio.cluster import RedisCluster
 
 from services.bench.servers import Server, private_redis_cluster
@@ -143,6 +144,39 @@ async def test_a_connection_closed_under_a_command_is_an_outage_not_a_crash(
     finally:
         await plain.aclose()
         await cluster.aclose()
+
+
+def test_a_transport_closed_under_a_command_is_an_outage_on_uvloop_too(
+    infra: dict[str, str], redis_cluster: Server
+) -> None:
+    """The services run on uvloop, whose closed transport raises ``RuntimeError`` ("the
+    handler is closed") where asyncio's raises ``ConnectionError``: a CI run's edge met it
+    reading a replay log during a cluster failover and answered 500."""
+
+    async def closed_transport() -> list[BaseException | None]:
+        plain = RedisAccess(infra["TW_REDIS_URL"]).client(socket_timeout=2.0)
+        cluster = RedisAccess(redis_cluster.url, cluster=True).client(socket_timeout=2.0)
+        raised: list[BaseException | None] = []
+        try:
+            await initialized(cluster)
+            node = cast(RedisCluster, cluster).get_random_node()
+            for conn in (plain.connection_pool.make_connection(), node.acquire_connection()):
+                await conn.connect()
+                conn._writer.transport.abort()  # closed by another task, writer still set
+                try:
+                    await conn.send_command("PING")
+                    raised.append(None)
+                except BaseException as exc:
+                    raised.append(exc)
+            assert await plain.ping() and await cluster.ping()  # both clients go on
+        finally:
+            await plain.aclose()
+            await cluster.aclose()
+        return raised
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        raised = runner.run(closed_transport())
+    assert all(isinstance(exc, REDIS_DOWN) for exc in raised), raised
 
 
 async def test_the_hub_and_the_writer_follow_a_failover(redis_cluster: Server) -> None:
