@@ -106,6 +106,19 @@ def log_outcome(seqs: Sequence[int], finish: str | None, expect: Expect) -> Outc
     return Outcome(completed=True)
 
 
+def unfollowed_outcome(
+    seqs: Sequence[int], finish: str | None, ended_s: float, grace_s: float
+) -> Outcome:
+    """A stream nobody follows any more (its edge killed): its worker must cancel it once
+    the grace has run out, unless it finished on its own before then. ``ended_s`` is how
+    long after the kill its log was seen ended, an upper bound of when it ended: a stream
+    seen finished inside the grace was never owed a cancel (a fast machine runs a long
+    one to its end first); one that ran past the grace was."""
+    if ended_s < grace_s and meets(Expect.OK, finish):
+        return log_outcome(seqs, finish, Expect.OK)
+    return log_outcome(seqs, finish, Expect.CANCELLED)
+
+
 def reply_outcome(finishes: Sequence[str], expect: Expect) -> Outcome:
     """A Kafka-reply request, by the ``Completion`` records that came for it (each one's
     finish reason): exactly one is owed."""

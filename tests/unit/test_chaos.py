@@ -17,6 +17,7 @@ from services.chaos.accounting import (
     meets,
     reply_outcome,
     stream_outcome,
+    unfollowed_outcome,
 )
 from services.chaos.load import StreamRun
 from services.chaos.report import Row, render_table, row_of, to_json
@@ -81,6 +82,17 @@ def test_replay_logs_and_cut_streams() -> None:
     cut = cut_stream_outcome(seen, log_outcome([0, 1, 2], "cancelled", Expect.CANCELLED))
     assert cut.completed and cut.duplicated and cut.stall_s == pytest.approx(0.7)
     assert not cut_stream_outcome(seen, ran_on).completed
+
+
+def test_a_stream_left_without_a_follower_owes_a_cancel_only_past_its_grace() -> None:
+    # Finished on its own 8 s after its edge died, with a 10 s grace: nothing was owed
+    # (a chaos run on an idle machine ran its 1,500 tokens to the end in that time).
+    assert unfollowed_outcome([0, 1, 2], "length", ended_s=8.0, grace_s=10.0).completed
+    assert unfollowed_outcome([0, 1, 2], "cancelled", ended_s=12.0, grace_s=10.0).completed
+    late = unfollowed_outcome([0, 1, 2], "length", ended_s=12.0, grace_s=10.0)
+    assert late.why == "replay log length (expected cancelled)"
+    assert not unfollowed_outcome([0, 2], "length", ended_s=1.0, grace_s=10.0).completed
+    assert not unfollowed_outcome([0, 1], None, ended_s=40.0, grace_s=10.0).completed
 
 
 def test_a_stream_run_reads_ids_finish_and_done_from_sse_lines() -> None:
