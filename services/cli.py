@@ -333,8 +333,9 @@ def _add_chaos_parser(sub: Subparsers) -> None:
     c = sub.add_parser(
         "chaos",
         help="fault scenarios against the running stack, as one table",
-        description="Runs fault scenarios against the stack that infra/stack.sh started with "
-        "this environment (TW_STACK, TW_RUN_DIR, ports, TW_TOPIC_PREFIX) and prints, per "
+        description="Runs fault scenarios against the one-node stack that infra/stack.sh "
+        "started with this environment (TW_STACK, TW_RUN_DIR, ports, TW_TOPIC_PREFIX; the "
+        "cluster profile is refused) and prints, per "
         "scenario: requests, completed, lost, duplicated, process exits (besides the one a "
         "kill scenario causes) and the longest stall of a running stream. Exits 1 unless "
         "every row has 0 lost, 0 duplicated and 0 exits. It stops and starts the stack's "

@@ -72,6 +72,33 @@ def exits_between(before: Snapshot, after: Snapshot) -> dict[str, int]:
     return out
 
 
+def check_profile(run_dir: Path) -> None:
+    """Refuse a stack of more than one of anything: the scenarios stop its one Redis and
+    its one broker, and kill its one worker and edge. What ``infra/stack.sh up`` records
+    of the cluster profile (``kafka-brokers``, ``redis-shards``, ``service-counts``) says
+    which it runs; a file missing counts as one."""
+
+    def counts(name: str) -> list[int]:
+        try:
+            return [int(n) for n in (run_dir / name).read_text().split()]
+        except (FileNotFoundError, ValueError):
+            return []
+
+    named = {
+        "Kafka brokers": counts("kafka-brokers"),
+        "Redis masters": counts("redis-shards"),
+        "workers, batchers and edges": counts("service-counts"),
+    }
+    more = [f"{'/'.join(map(str, n))} {what}" for what, n in named.items() if any(c > 1 for c in n)]
+    if more:
+        raise ChaosError(
+            "the scenarios run against the one-node stack (`infra/stack.sh up`), and this "
+            f"one runs the cluster profile ({', '.join(more)}): a broker or Redis master "
+            "killed there is tested by tests/integration/test_kafka_cluster.py and "
+            "test_redis_cluster.py"
+        )
+
+
 class Stack:
     """A stack started by ``infra/stack.sh up`` with this environment."""
 
@@ -84,7 +111,9 @@ class Stack:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Stack:
-        return cls(stack_env(os.environ if environ is None else environ))
+        stack = cls(stack_env(os.environ if environ is None else environ))
+        check_profile(stack.run_dir)
+        return stack
 
     def api_key(self) -> str | None:
         """TW_API_KEY, else the stack's development key (``stack.sh up`` writes it)."""

@@ -4,6 +4,7 @@ request, counting exits, and the table."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ from services.chaos.accounting import (
 )
 from services.chaos.load import StreamRun
 from services.chaos.report import Row, render_table, row_of, to_json
-from services.chaos.stack import Snapshot, exits_between
+from services.chaos.stack import ChaosError, Snapshot, check_profile, exits_between
 
 
 def test_a_contiguous_stream_has_no_gap_no_duplicate_and_its_longest_wait_as_stall() -> None:
@@ -170,3 +171,19 @@ def test_the_command_line_refuses_an_unknown_scenario(capsys: pytest.CaptureFixt
         cli.build_parser().parse_args(["chaos", "--scenarios", "poison,meteor"])
     assert exc.value.code == 2
     assert "unknown scenario meteor" in capsys.readouterr().err
+
+
+def test_a_stack_of_more_than_one_of_anything_is_refused_with_what_it_runs(
+    tmp_path: Path,
+) -> None:
+    check_profile(tmp_path)  # nothing recorded: the one-node stack
+    (tmp_path / "kafka-brokers").write_text("1\n")
+    (tmp_path / "redis-shards").write_text("1\n")
+    (tmp_path / "service-counts").write_text("1 1 1\n")
+    check_profile(tmp_path)
+    (tmp_path / "redis-shards").write_text("3\n")
+    (tmp_path / "service-counts").write_text("2 2 2\n")
+    with pytest.raises(ChaosError) as refused:
+        check_profile(tmp_path)
+    assert "3 Redis masters, 2/2/2 workers, batchers and edges" in str(refused.value)
+    assert "Kafka brokers" not in str(refused.value)
