@@ -404,10 +404,18 @@ async def test_a_non_streamed_client_giving_up_cancels(edges: Edges) -> None:
     pattern = names.owner("cmpl-*")
     before = {k async for k in edges.redis.scan_iter(match=pattern, count=1000)}
     body = {"model": MODEL, "prompt": "The value", **LONG}
-    async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=1.5)) as http:
+    # Gives up well inside the 1,500 tokens' time: an idle machine ran them in 1.5 s, the
+    # read timeout this had, and the request finished by length before its cancel.
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=0.5)) as http:
         with pytest.raises(httpx.ReadTimeout):
             await http.post(edges.url("a") + "/v1/completions", json=body, headers=auth(ACME))
-    (key,) = {k async for k in edges.redis.scan_iter(match=pattern, count=1000)} - before
+    new: set[Any] = set()
+    for _ in range(50):  # the edge may still be writing the owner key
+        new = {k async for k in edges.redis.scan_iter(match=pattern, count=1000)} - before
+        if new:
+            break
+        await asyncio.sleep(0.1)
+    (key,) = new
     rid = names.tag_of(key)
     events = [ev async for ev in token_stream.follow(edges.redis, names, rid, idle_timeout_s=30)]
     assert events[-1].finish_reason == "cancelled"
