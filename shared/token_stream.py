@@ -135,7 +135,7 @@ async def follow(
     channel = names.token_channel(request_id)
     if names.sharded:  # a cluster's pub/sub: a connection to the channel's shard
         await pubsub.ssubscribe(channel)
-        get_message = pubsub.get_sharded_message  # type: ignore[attr-defined]
+        get_message = pubsub.get_sharded_message  # type: ignore[attr-defined,unused-ignore]
     else:
         await pubsub.subscribe(channel)
         get_message = pubsub.get_message
