@@ -45,21 +45,32 @@ else:
     print("\n".join(t["tool"]["tokenwire"]["no-deps"]))
 PY
 }
-deps_hash=$( { requirements deps | sort; echo --no-deps; requirements no-deps | sort; "$PY" -V; } \
-  | sha256sum | cut -c1-16)
+# The ranges are installed within the tested versions of infra/constraints.txt;
+# TW_RELOCK=1 resolves them afresh and writes the versions it got there.
+CONSTRAINTS=infra/constraints.txt
+relock="${TW_RELOCK:-0}"
+[ "$relock" = 1 ] && CONSTRAINTS=/dev/null
+deps_hash=$( { requirements deps | sort; echo --no-deps; requirements no-deps | sort; "$PY" -V
+  cat "$CONSTRAINTS"; } | sha256sum | cut -c1-16)
 VENV="$TOKENWIRE_CACHE/venv-$deps_hash"
 if [ ! -f "$VENV/.complete" ]; then
   log "building virtual environment $VENV (first run only: torch is large)"
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip setuptools
-  "$VENV/bin/pip" install -q -r <(requirements deps)
-  "$VENV/bin/pip" install -q --no-deps -r <(requirements no-deps)
+  "$VENV/bin/pip" install -q -c "$CONSTRAINTS" -r <(requirements deps)
+  "$VENV/bin/pip" install -q --no-deps -c "$CONSTRAINTS" -r <(requirements no-deps)
   touch "$VENV/.complete"
   # Environments of older dependency lists are ~6 GB each: keep only the current one.
   find "$TOKENWIRE_CACHE" -maxdepth 1 -name 'venv-*' ! -path "$VENV" -exec rm -rf {} + || true
 fi
 ln -sfn "$VENV" .venv
+if [ "$relock" = 1 ]; then
+  { sed -n '/^#/p' infra/constraints.txt; "$VENV/bin/pip" freeze --exclude-editable; } \
+    > infra/constraints.txt.new
+  mv infra/constraints.txt.new infra/constraints.txt
+  log "wrote the versions installed to infra/constraints.txt"
+fi
 # The project itself is installed editable from this checkout (seconds), so the cached
 # environment always runs the code of the checkout that bootstrapped last. Setuptools warns
 # on every editable build that a folder named like the package may shadow it (here it is

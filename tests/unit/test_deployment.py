@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,37 @@ def test_compose_runs_every_service() -> None:
     assert {"kafka", "redis"} <= services.keys()
     gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert "gpu" in gpu["capabilities"]
+
+
+def test_the_tested_versions_pin_every_dependency_within_its_range() -> None:
+    # infra/constraints.txt holds what CI passed with; a range changed in pyproject.toml
+    # without `TW_RELOCK=1 infra/bootstrap.sh` would fail the install, or leave a package
+    # unpinned for a fresh machine to resolve to whatever was published since.
+    from packaging.requirements import Requirement
+
+    pins = dict(
+        line.split("==", 1)
+        for line in (ROOT / "infra/constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    pins = {_pypi_name(name): version for name, version in pins.items()}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    wanted = [
+        *project["project"]["dependencies"],
+        *extras["dev"],
+        *extras["cpu"],
+        *project["tool"]["tokenwire"]["no-deps"],
+    ]
+    for spec in wanted:
+        req = Requirement(spec)
+        version = pins.get(_pypi_name(req.name))
+        assert version is not None, f"{req.name} has no tested version"
+        assert req.specifier.contains(version, prereleases=True), f"{req.name}=={version}"
+
+
+def _pypi_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def test_dashboard_and_scrape_config_name_only_real_metrics() -> None:
