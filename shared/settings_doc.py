@@ -245,6 +245,13 @@ SCRIPT_SETTINGS: tuple[Row, ...] = (
         "which FAISS build the virtual environment gets (`faiss-gpu` or `faiss-cpu`)",
     ),
     Row(
+        "TW_RELOCK",
+        "infra/bootstrap.sh",
+        "`0`",
+        "`1`: resolve the dependency ranges afresh, not within infra/constraints.txt, and "
+        "write the versions installed there",
+    ),
+    Row(
         "TW_WITH_TEST_TOOLS",
         "infra/bootstrap.sh",
         "`0`",
