@@ -258,9 +258,32 @@ supervise() {
   rm -f "$PIDS/$name.supervisor.pid"
 }
 
+# The settings `up` starts services with: every TW_ and TOKENWIRE_ variable exported, each
+# value as a digest (the run folder keeps no secret), one NAME=DIGEST a line.
+settings_digest() {
+  local var
+  while IFS= read -r var; do
+    printf '%s=%s\n' "$var" "$(printf '%s' "${!var}" | sha256sum | cut -c1-16)"
+  done < <(compgen -e | grep -E '^(TW_|TOKENWIRE_)' | sort)
+}
+
+# A running service is kept when `up` has the settings it started with; with others (the
+# demo's TW_AUTH=off on a stack up with keys required, another model) it is restarted, as
+# `docker compose up` recreates a changed container. One started before its settings were
+# recorded is kept, and they are recorded now.
 start_service() {
-  local name=$1
-  supervisor_pid "$name" >/dev/null && return
+  local name=$1 settings changed
+  settings=$(settings_digest)
+  if supervisor_pid "$name" >/dev/null; then
+    [ -f "$PIDS/$name.settings" ] || { printf '%s\n' "$settings" >"$PIDS/$name.settings"; return; }
+    changed=$(printf '%s\n' "$settings" | sort | comm -3 - <(sort "$PIDS/$name.settings") \
+      | cut -d= -f1 | tr -d '\t' | sort -u | paste -sd, -)
+    [ -n "$changed" ] || return 0
+    echo "$name: restarting, its settings changed since it started ($changed)"
+    stop_supervisor "$name"
+    stop_service "$name"
+  fi
+  printf '%s\n' "$settings" >"$PIDS/$name.settings"
   # setsid: the supervisor and its service outlive this shell and are out of reach of the
   # terminal's Ctrl-C (demo.sh traps it and runs `down`); nohup: and of its hang-up.
   nohup setsid bash "$TW_ROOT/infra/stack.sh" supervise "$name" >>"$LOGS/$name.log" 2>&1 </dev/null &
@@ -279,7 +302,7 @@ stop_supervisor() {
   kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 1 50); do alive_pid "$pid" || break; sleep 0.1; done
   if alive_pid "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
-  rm -f "$PIDS/$name.supervisor.pid"
+  rm -f "$PIDS/$name.supervisor.pid" "$PIDS/$name.settings"
 }
 
 stop_service() {

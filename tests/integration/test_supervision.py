@@ -77,11 +77,11 @@ class OwnStack:
             "TW_REDIS_PERSIST": "aof",
         }
 
-    def script(self, *args: str, timeout_s: float = 120) -> str:
+    def script(self, *args: str, timeout_s: float = 120, env: dict[str, str] | None = None) -> str:
         result = subprocess.run(
             ["bash", "infra/stack.sh", *args],
             cwd=ROOT,
-            env=self.env,
+            env={**self.env, **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -122,11 +122,13 @@ def own_stack(tmp_path: Path, model_dir: str) -> Iterator[OwnStack]:
 
 
 def _complete(port: int, prompt: str, key: str) -> str:
+    """A completion's text; ``key`` empty: no key sent."""
     body = json.dumps({"model": "tokenwire-tiny", "prompt": prompt, "max_tokens": 4}).encode()
+    headers = {"content-type": "application/json"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions",
-        data=body,
-        headers={"content-type": "application/json", "authorization": f"Bearer {key}"},
+        f"http://127.0.0.1:{port}/v1/completions", data=body, headers=headers
     )
     with urllib.request.urlopen(req, timeout=60) as resp:
         return str(json.loads(resp.read())["choices"][0]["text"])
@@ -174,6 +176,17 @@ def test_a_killed_service_is_restarted_and_down_leaves_nothing(own_stack: OwnSta
     # `up` again changes nothing: one supervisor per service, the same processes.
     st.script("up")
     assert {s: st.pid(f"{s}.supervisor") for s in SERVICES} == supervisors
+
+    # `up` with other settings restarts the services under them, and says why: the demo
+    # (TW_AUTH=off) run on a stack already up with keys required answered its own sample
+    # question 401, after printing "keys are off".
+    running = {s: st.pid(s) for s in SERVICES}
+    out = st.script("up", env={"TW_AUTH": "off"})
+    for s in SERVICES:
+        assert f"{s}: restarting, its settings changed since it started (TW_AUTH)" in out
+        assert st.pid(s) not in (0, running[s])
+    assert _complete(st.edge_port, "The function returns", key="")
+    supervisors = {s: st.pid(f"{s}.supervisor") for s in SERVICES}
 
     ours = _started_by(st.run_dir)
     assert len(ours) >= 8  # Kafka, Redis, three supervisors, three services
