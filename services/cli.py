@@ -724,6 +724,32 @@ def main(argv: list[str] | None = None) -> None:
         args.fn(args)
     except SettingsError as exc:
         sys.exit(str(exc))
+    except Exception as exc:
+        reason = unreachable(exc)
+        if reason is None:
+            raise
+        sys.exit(f"tokenwire {argv[0]}: {reason}")
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """A command's server that did not answer, in one line with the setting that names it;
+    None for any other failure. The services wait such an outage out; a one-shot command
+    says so and ends."""
+    import httpx
+    from aiokafka.errors import KafkaConnectionError
+    from redis import exceptions as redis_errors
+
+    if isinstance(exc, redis_errors.ConnectionError | redis_errors.TimeoutError):
+        return f"Redis is not answering ({exc}); is the stack up? TW_REDIS_URL names it"
+    if isinstance(exc, KafkaConnectionError):
+        return f"Kafka is not answering ({exc}); is the stack up? TW_KAFKA_BOOTSTRAP names it"
+    if isinstance(exc, httpx.TransportError):
+        try:
+            where = str(exc.request.url.copy_with(path="/", query=None)).rstrip("/")
+        except RuntimeError:  # no request attached
+            where = "the edge"
+        return f"the edge at {where} is not answering ({exc or type(exc).__name__})"
+    return None
 
 
 if __name__ == "__main__":

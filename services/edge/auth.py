@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.edge.errors import unauthorized
 from shared.messages import Priority
 from shared.names import Names
+from shared.settings import SettingsError
 
 KEY_PREFIX = "twk-"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -56,11 +57,18 @@ def peppered_digest(key: str, pepper: bytes) -> str:
 
 def load_pepper(value: str, file: str) -> bytes:
     """The pepper from its setting or, when that is empty, from its file (surrounding
-    whitespace dropped); empty when neither is set."""
+    whitespace dropped); empty when neither is set. A file that cannot be read is a
+    ``SettingsError`` that says how to make one."""
     if value:
         return value.encode()
     if file:
-        return Path(file).read_bytes().strip()
+        try:
+            return Path(file).read_bytes().strip()
+        except OSError as exc:
+            raise SettingsError(
+                f"TW_KEY_PEPPER_FILE: cannot read {file} ({exc.strerror or exc}); "
+                f"make one with: tokenwire keys pepper --file {file}"
+            ) from None
     return b""
 
 

@@ -218,8 +218,8 @@ async def read_letters(settings: CommonSettings, since: float | None = None) -> 
     """Every record of the dead-letter topic now there (from ``since`` on, when given)."""
     topic = settings.names.requests_dlq
     consumer = make_consumer(settings, group_id=None, client_id="tw-dlq")
-    await consumer.start()
     try:
+        await consumer.start()
         parts = [TopicPartition(topic, p) for p in sorted(await partitions_of(consumer, topic))]
         if not parts:
             return []
@@ -336,10 +336,10 @@ async def replay(
     names = settings.names
     client = aioredis.Redis.from_url(settings.redis_url)
     producer = None if dry_run else make_producer(settings, client_id="tw-dlq-replay")
-    if producer is not None:
-        await producer.start()
     out: list[Outcome] = []
     try:
+        if producer is not None:
+            await producer.start()
         for x in letters:
             why = replayable(x.letter) if x.letter else "the record is not a dead letter"
             if why is not None or x.letter is None:
@@ -376,8 +376,8 @@ async def purge(settings: CommonSettings, before: float) -> dict[int, tuple[int,
     partition's (records deleted, new start offset)."""
     topic = settings.names.requests_dlq
     consumer = make_consumer(settings, group_id=None, client_id="tw-dlq")
-    await consumer.start()
     try:
+        await consumer.start()
         parts = [TopicPartition(topic, p) for p in sorted(await partitions_of(consumer, topic))]
         if not parts:
             return {}
@@ -390,8 +390,8 @@ async def purge(settings: CommonSettings, before: float) -> dict[int, tuple[int,
     todo = {tp: RecordsToDelete(cut[tp]) for tp in parts if cut[tp] > starts[tp]}
     if todo:
         admin = make_admin(settings, client_id="tw-dlq")
-        await admin.start()
         try:
+            await admin.start()
             await admin.delete_records(todo)
         finally:
             await admin.close()

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from services import cli
 from services.bench import edge_bench, infra_bench
+from services.bench.cluster import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_edge_takes_the_edge_benchmarks_options(capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,3 +50,59 @@ def test_every_option_of_every_subcommand_says_what_it_is() -> None:
         if not isinstance(a, argparse._SubParsersAction) and not (a.help or "").strip()
     ]
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (["keys", "list"], "Redis is not answering"),
+        (["cache", "purge", "--tenant", "t"], "Redis is not answering"),
+        (["dlq", "list"], "Kafka is not answering"),
+        (["ask", "--url", "http://127.0.0.1:{port}", "hi"], "the edge at http://127.0.0.1:"),
+    ],
+)
+def test_a_command_whose_server_is_away_says_so_in_one_line(
+    command: list[str], says: str, tmp_path: Path
+) -> None:
+    cli.main(["keys", "pepper", "--file", str(tmp_path / "pepper")])
+    # Nothing listens on these ports: each command ends with its reason and what names
+    # the server, never a traceback or a client left unclosed (the Kafka client logs each
+    # attempt on the way).
+    port = free_port()
+    env = {
+        **os.environ,
+        "TW_REDIS_URL": f"redis://127.0.0.1:{port}/0",
+        "TW_KAFKA_BOOTSTRAP": f"127.0.0.1:{port}",
+        "TW_KEY_PEPPER_FILE": str(tmp_path / "pepper"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", *(a.format(port=port) for a in command)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    *before, last = done.stderr.strip().splitlines()
+    assert last.startswith(f"tokenwire {command[0]}: {says}"), done.stderr
+    assert all(line.startswith("Unable connect to") for line in before), done.stderr
+
+
+def test_a_missing_pepper_file_is_named_with_the_command_that_makes_it(tmp_path: Path) -> None:
+    missing = tmp_path / "pepper"
+    env = {**os.environ, "TW_KEY_PEPPER_FILE": str(missing)}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "keys", "list"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"tokenwire keys list: TW_KEY_PEPPER_FILE: cannot read {missing} "
+        "(No such file or directory); "
+        f"make one with: tokenwire keys pepper --file {missing}"
+    )
