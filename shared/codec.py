@@ -23,8 +23,11 @@ class DecodeError(ValueError):
 
 
 def encode(msg: BaseModel) -> bytes:
-    """Serialize a model to compact JSON bytes (None fields left out)."""
-    return orjson.dumps(msg.model_dump(mode="python", exclude_none=True))
+    """Serialize a model to compact JSON bytes (None fields left out). Integer dict keys
+    (a logit bias's token ids) become JSON's string keys; decoding reads them back."""
+    return orjson.dumps(
+        msg.model_dump(mode="python", exclude_none=True), option=orjson.OPT_NON_STR_KEYS
+    )
 
 
 def decode(model: type[M], data: bytes | str) -> M:

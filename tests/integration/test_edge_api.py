@@ -583,6 +583,25 @@ async def test_bad_parameters_are_400(
             assert err["param"] == named, err
 
 
+async def test_a_logit_bias_reaches_the_sampler(edges: Edges) -> None:
+    # The bias maps token ids to amounts: JSON keys are strings on the wire and ints in the
+    # sampler (it was answered 500: the wire encoder refused the int keys). A bias of 100
+    # makes its token every greedy pick.
+    body = {
+        "model": MODEL,
+        "prompt": "The function",
+        "max_tokens": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "logit_bias": {"42": 100},
+    }
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=60) as http:
+        r = await http.post("/v1/completions", json=body, headers=auth(ACME))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == [42] * 4
+
+
 async def test_an_unknown_model_is_404_and_each_model_can_be_read(edges: Edges) -> None:
     async with httpx.AsyncClient(base_url=edges.url("a"), timeout=30) as http:
         body = {"model": "gpt-nope", "prompt": "Hi", "max_tokens": 2}
