@@ -68,13 +68,13 @@ def create_app(settings: EdgeSettings) -> FastAPI:
     for module in (generate, requests, tokens, files, batches, ws, ops, dashboard):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    _add_error_handlers(app)
+    add_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CountRequests, metrics=metrics)  # outermost: counts 413s too
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> Response:
         return exc.response()
@@ -94,6 +94,16 @@ def _add_error_handlers(app: FastAPI) -> None:
             ).response()
         msg = str(first.get("msg", "invalid value"))
         return bad_request(f"{param}: {msg}" if param else msg, param=param).response()
+
+    @app.exception_handler(Exception)
+    async def _fault(_: Request, exc: Exception) -> Response:
+        # The edge's own fault: the API's error shape; the server logs the traceback.
+        return ApiError(
+            500,
+            "internal error: the edge failed on this request (its log has the cause)",
+            kind="server_error",
+            code="internal_error",
+        ).response()
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> Response:

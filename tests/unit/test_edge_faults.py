@@ -223,3 +223,48 @@ async def test_a_relay_whose_work_loses_a_cancel_still_ends_when_its_client_goes
 
     assert await asyncio.wait_for(_until_disconnect(receive, work()), 5) is False
     assert cancels == [1]
+
+
+async def test_a_fault_of_the_edge_is_a_json_500_logged_as_json(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A request that hits a bug is answered in the API's error shape, and uvicorn's report
+    # of it (with the traceback) reaches the service's JSON log: it was a plain-text
+    # "Internal Server Error" and a plain-text traceback in the middle of the JSON lines.
+    import httpx
+    import uvicorn
+    from fastapi import FastAPI
+
+    from services.bench.cluster import free_port
+    from services.edge.app import add_error_handlers
+    from services.edge.server import server_config
+
+    app = FastAPI()
+    add_error_handlers(app)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("a bug")
+
+    settings = EdgeSettings.from_env().model_copy(update={"port": free_port()})
+    server = uvicorn.Server(server_config(app, settings))
+    serving = asyncio.create_task(server.serve())
+    try:
+        for _ in range(200):  # started within 10 s
+            if server.started:
+                break
+            await asyncio.sleep(0.05)
+        async with httpx.AsyncClient() as http:
+            r = await http.get(f"http://127.0.0.1:{settings.port}/boom")
+    finally:
+        server.should_exit = True
+        await serving
+    assert r.status_code == 500
+    assert r.json()["error"] == {
+        "message": "internal error: the edge failed on this request (its log has the cause)",
+        "type": "server_error",
+        "param": None,
+        "code": "internal_error",
+    }
+    [report] = [x for x in caplog.records if x.exc_info and x.name.startswith("uvicorn")]
+    assert "a bug" in logging.Formatter().formatException(report.exc_info)
