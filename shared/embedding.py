@@ -107,6 +107,9 @@ class Embedder:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
+        from shared.logs import route_transformers_logs
+
+        route_transformers_logs()
         if dtype not in DTYPES:
             raise EmbedderError(f"embedder dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         self.model_dir = Path(model_dir) if model_dir else default_model_dir()

@@ -110,6 +110,17 @@ def setup_logging(service: str, level: str = "INFO") -> None:
         signal.signal(signal.SIGUSR1, dump_stacks)
 
 
+def route_transformers_logs() -> None:
+    """transformers' warnings through the process's handlers (the service's JSON lines),
+    and none of its progress bars: its own handler wrote "[transformers] ..." lines and a
+    "Loading weights" bar into the services' logs. Called where a model is loaded."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
+
+
 def _await_chain(task: asyncio.Task[object]) -> list[FrameType]:
     """The frames a task waits in, outermost first: its coroutine and each one it awaits
     (``Task.print_stack`` shows the outermost only)."""

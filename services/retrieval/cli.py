@@ -75,6 +75,8 @@ def _write(args: argparse.Namespace, verb: str, adding: bool) -> None:
     """Read and embed ``args.paths``, then build the index anew or add to it."""
     started = time.monotonic()
     store, settings = _store()
+    if adding:
+        store.current_version(args.name)  # an unknown index is refused before the embedder loads
     docs = read_documents(args.paths, ChunkSpec(args.max_chars, args.overlap))
     emb = _embedder(settings)
     write = store.add if adding else store.build

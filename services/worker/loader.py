@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from services.worker.engine.layout import attention_implementation, attention_layout
+from shared.logs import route_transformers_logs
 
 
 def pick_device(device: str) -> torch.device:
@@ -33,6 +34,7 @@ def load_model(
     model supports it exactly and eager attention else. A model the engine cannot serve
     exactly is refused here (``UnsupportedModel``), before its weights are read.
     ``quantize="int8"``: its linear layers in int8 (``quantize_int8``)."""
+    route_transformers_logs()
     dev = pick_device(device)
     if quantize not in ("none", "int8"):
         raise ValueError(f"unknown quantization {quantize!r}: none or int8")

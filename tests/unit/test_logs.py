@@ -99,3 +99,29 @@ def test_sigusr1_writes_every_tasks_await_chain_and_the_process_goes_on(tmp_path
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_service_loading_a_model_logs_json_lines_only(model_dir: str) -> None:
+    # transformers wrote its own "Loading weights" progress bar and "[transformers] ..."
+    # warnings into the worker's JSON log; they go through the service's handler now.
+    script = textwrap.dedent(
+        """
+        import logging, sys
+        from shared.logs import setup_logging
+        from services.worker.loader import load_model
+        setup_logging("worker")
+        load_model(sys.argv[1])
+        logging.getLogger("transformers").warning("a library warning")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, model_dir],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert all(line.startswith('{"t":') for line in lines), done.stderr
+    assert any('"msg":"a library warning"' in line for line in lines), done.stderr
