@@ -745,10 +745,10 @@ def unreachable(exc: BaseException) -> str | None:
         return f"Kafka is not answering ({exc}); is the stack up? TW_KAFKA_BOOTSTRAP names it"
     if isinstance(exc, httpx.TransportError):
         try:
-            where = str(exc.request.url.copy_with(path="/", query=None)).rstrip("/")
+            where = " at " + str(exc.request.url.copy_with(path="/", query=None)).rstrip("/")
         except RuntimeError:  # no request attached
-            where = "the edge"
-        return f"the edge at {where} is not answering ({exc or type(exc).__name__})"
+            where = ""
+        return f"the edge{where} is not answering ({exc or type(exc).__name__})"
     return None
 
 
