@@ -46,13 +46,19 @@ else:
 PY
 }
 # The ranges are installed within the tested versions of infra/constraints.txt;
-# TW_RELOCK=1 resolves them afresh and writes the versions it got there.
+# TW_RELOCK=1 resolves them afresh (a new environment) and writes the versions it got there
+# (the next plain run then builds the environment of that file once more: a venv cannot be
+# moved). The file is written from the CPU build of FAISS, whose pin it holds.
 CONSTRAINTS=infra/constraints.txt
 relock="${TW_RELOCK:-0}"
-[ "$relock" = 1 ] && CONSTRAINTS=/dev/null
+if [ "$relock" = 1 ]; then
+  [ "$TW_FAISS" = cpu ] || { log "TW_RELOCK=1 needs TW_FAISS=cpu (the file pins faiss-cpu)"; exit 2; }
+  CONSTRAINTS=/dev/null
+fi
 deps_hash=$( { requirements deps | sort; echo --no-deps; requirements no-deps | sort; "$PY" -V
   cat "$CONSTRAINTS"; } | sha256sum | cut -c1-16)
 VENV="$TOKENWIRE_CACHE/venv-$deps_hash"
+[ "$relock" != 1 ] || rm -f "$VENV/.complete"
 if [ ! -f "$VENV/.complete" ]; then
   log "building virtual environment $VENV (first run only: torch is large)"
   rm -rf "$VENV"

@@ -259,28 +259,39 @@ supervise() {
 }
 
 # The settings `up` starts services with: every TW_ and TOKENWIRE_ variable exported, each
-# value as a digest (the run folder keeps no secret), one NAME=DIGEST a line.
+# value as a digest (the run folder keeps no secret), one NAME=DIGEST a line. The profile's
+# node counts are left out: `up --brokers N` exports them, a later `up` reads them from the
+# run folder (env.sh), and the services learn their servers from the addresses.
 settings_digest() {
   local var
   while IFS= read -r var; do
     printf '%s=%s\n' "$var" "$(printf '%s' "${!var}" | sha256sum | cut -c1-16)"
-  done < <(compgen -e | grep -E '^(TW_|TOKENWIRE_)' | sort)
+  done < <(compgen -e | grep -E '^(TW_|TOKENWIRE_)' | grep -vxE 'TW_KAFKA_BROKERS|TW_REDIS_SHARDS' | sort)
+}
+
+# The names whose digests differ between settings $1 and the file $2 (none: empty).
+settings_changed() {
+  printf '%s\n' "$1" | sort | comm -3 - <(sort "$2") | cut -d= -f1 | tr -d '\t' | sort -u \
+    | paste -sd, -
 }
 
 # A running service is kept when `up` has the settings it started with; with others (the
 # demo's TW_AUTH=off on a stack up with keys required, another model) it is restarted, as
 # `docker compose up` recreates a changed container. One started before its settings were
-# recorded is kept, and they are recorded now.
+# recorded is kept, and they are recorded now. A service whose supervisor is gone is adopted
+# by the new one unless its settings changed.
 start_service() {
-  local name=$1 settings changed
+  local name=$1 settings changed=''
   settings=$(settings_digest)
+  [ ! -f "$PIDS/$name.settings" ] || changed=$(settings_changed "$settings" "$PIDS/$name.settings")
   if supervisor_pid "$name" >/dev/null; then
     [ -f "$PIDS/$name.settings" ] || { printf '%s\n' "$settings" >"$PIDS/$name.settings"; return; }
-    changed=$(printf '%s\n' "$settings" | sort | comm -3 - <(sort "$PIDS/$name.settings") \
-      | cut -d= -f1 | tr -d '\t' | sort -u | paste -sd, -)
     [ -n "$changed" ] || return 0
     echo "$name: restarting, its settings changed since it started ($changed)"
     stop_supervisor "$name"
+    stop_service "$name"
+  elif [ -n "$changed" ] && alive "$name"; then
+    echo "$name: restarting, its settings changed since it started ($changed)"
     stop_service "$name"
   fi
   printf '%s\n' "$settings" >"$PIDS/$name.settings"
@@ -382,9 +393,14 @@ case "${1:-}" in
     (kafka_login tw-admin && "$TW" topics create)
     counts=()
     for s in "${SERVICES[@]}"; do
-      # A supervisor started now begins at 0 restarts; a running one keeps its count.
-      if supervisor_pid "$s" >/dev/null; then counts+=("$(restarts_of "$s")"); else counts+=(0); fi
+      # A supervisor started now begins at 0 restarts; one kept running keeps its count.
+      kept=$(supervisor_pid "$s") || kept=''
       start_service "$s"
+      if [ -n "$kept" ] && [ "$(supervisor_pid "$s")" = "$kept" ]; then
+        counts+=("$(restarts_of "$s")")
+      else
+        counts+=(0)
+      fi
     done
     wait_ready "${counts[@]}"
     echo "tokenwire ($TW_STACK) is serving at http://127.0.0.1:$TW_EDGE_PORT$( ((COUNT_edges == 1)) || echo " to :$((TW_EDGE_PORT + COUNT_edges - 1))")"

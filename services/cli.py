@@ -15,7 +15,7 @@ from typing import Protocol, TypeAlias
 
 from services.keys import add_keys_parser
 from services.ops.costs import add_costs_option
-from shared.logs import setup_logging
+from shared.logs import route_transformers_logs, setup_logging
 from shared.settings import CommonSettings, SettingsError
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -96,6 +96,7 @@ def cmd_worker(_: argparse.Namespace) -> None:
     )
     runner = EngineProcess(spec)
     runner.start()  # loads the model in the engine process
+    route_transformers_logs()
     try:
         tokenizer = AutoTokenizer.from_pretrained(settings.model_dir, local_files_only=True)
         logging.getLogger("tokenwire.worker").info(
@@ -119,6 +120,7 @@ def cmd_batcher(_: argparse.Namespace) -> None:
     if settings.model_dir:
         from transformers import AutoTokenizer
 
+        route_transformers_logs()
         tokenizer = AutoTokenizer.from_pretrained(settings.model_dir, local_files_only=True)
     asyncio.run(_serve_until_signal(lambda: BatcherService(settings, tokenizer)))
 
@@ -725,30 +727,41 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as exc:
         sys.exit(str(exc))
     except Exception as exc:
-        reason = unreachable(exc)
+        reason = None if argv[0] in SERVICES else unreachable(exc)
         if reason is None:
             raise
         sys.exit(f"tokenwire {argv[0]}: {reason}")
 
 
+# The long-running commands: they wait an outage out, so one that escapes is a fault, and
+# its traceback goes to their log.
+SERVICES = ("worker", "batcher", "edge")
+
+
 def unreachable(exc: BaseException) -> str | None:
-    """A command's server that did not answer, in one line with the setting that names it;
-    None for any other failure. The services wait such an outage out; a one-shot command
-    says so and ends."""
+    """A one-shot command's server that did not answer or refused it, in one line with the
+    setting that names it; None for any other failure."""
     import httpx
     from aiokafka.errors import KafkaConnectionError
     from redis import exceptions as redis_errors
 
+    refused = (
+        redis_errors.AuthenticationError,
+        redis_errors.AuthorizationError,
+        redis_errors.MaxClientsReachedError,
+    )
+    if isinstance(exc, refused):
+        return f"Redis refused this client ({exc}); TW_REDIS_URL names the server and user"
     if isinstance(exc, redis_errors.ConnectionError | redis_errors.TimeoutError):
         return f"Redis is not answering ({exc}); is the stack up? TW_REDIS_URL names it"
     if isinstance(exc, KafkaConnectionError):
         return f"Kafka is not answering ({exc}); is the stack up? TW_KAFKA_BOOTSTRAP names it"
     if isinstance(exc, httpx.TransportError):
         try:
-            where = " at " + str(exc.request.url.copy_with(path="/", query=None)).rstrip("/")
+            where = str(exc.request.url.copy_with(path="/", query=None)).rstrip("/")
         except RuntimeError:  # no request attached
-            where = ""
-        return f"the edge{where} is not answering ({exc or type(exc).__name__})"
+            where = "the server"
+        return f"no answer from {where} ({exc or type(exc).__name__})"
     return None
 
 

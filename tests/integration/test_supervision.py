@@ -173,7 +173,9 @@ def test_a_killed_service_is_restarted_and_down_leaves_nothing(own_stack: OwnSta
     key = (st.run_dir / "dev-api-key").read_text().strip()
     assert _complete(st.edge_port, "The function returns", key)
 
-    # `up` again changes nothing: one supervisor per service, the same processes.
+    # `up` again changes nothing: one supervisor per service, the same processes (the
+    # profile's counts, given or read from the run folder, are not settings of theirs).
+    st.script("up", "--brokers", "1", "--redis-cluster", "1")
     st.script("up")
     assert {s: st.pid(f"{s}.supervisor") for s in SERVICES} == supervisors
 

@@ -58,7 +58,7 @@ def test_every_option_of_every_subcommand_says_what_it_is() -> None:
         (["keys", "list"], "Redis is not answering"),
         (["cache", "purge", "--tenant", "t"], "Redis is not answering"),
         (["dlq", "list"], "Kafka is not answering"),
-        (["ask", "--url", "http://127.0.0.1:{port}", "hi"], "the edge at http://127.0.0.1:"),
+        (["ask", "--url", "http://127.0.0.1:{port}", "hi"], "no answer from http://127.0.0.1:"),
     ],
 )
 def test_a_command_whose_server_is_away_says_so_in_one_line(
