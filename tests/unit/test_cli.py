@@ -106,3 +106,13 @@ def test_a_missing_pepper_file_is_named_with_the_command_that_makes_it(tmp_path:
         "(No such file or directory); "
         f"make one with: tokenwire keys pepper --file {missing}"
     )
+
+
+def test_a_redis_that_refuses_the_login_is_not_called_away() -> None:
+    import redis.exceptions
+
+    refused = cli.unreachable(redis.exceptions.AuthenticationError("invalid password"))
+    assert refused is not None and refused.startswith("Redis refused this client")
+    away = cli.unreachable(redis.exceptions.ConnectionError("Error 111"))
+    assert away is not None and away.startswith("Redis is not answering")
+    assert cli.unreachable(RuntimeError("a bug")) is None
