@@ -35,12 +35,22 @@ log = logging.getLogger(__name__)
 # message.max.bytes (infra/kafka.sh reads this line, so it stays a plain product), each
 # topic's max.message.bytes (ensure_topics), the producers' request size and the
 # consumers' fetch sizes. 4 MiB holds the largest prompt the schema admits (4,000,000
-# characters) in ASCII with the rest of its request around it.
+# characters) in ASCII with the rest of its request around it; a bulk line over it (text
+# of several bytes a character, many long messages) is refused by ``too_large``.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # What Kafka adds around a value (batch and record headers, a short key): a value of at
 # most MAX_VALUE_BYTES always fits in one message.
 RECORD_OVERHEAD_BYTES = 4096
 MAX_VALUE_BYTES = MAX_MESSAGE_BYTES - RECORD_OVERHEAD_BYTES
+
+
+def too_large(size: int, what: str = "the request") -> str | None:
+    """Why a value of ``size`` bytes cannot go on the bus (no record holds it), or None.
+    Kafka would refuse it at send, and a sender that lets that error through fails more
+    than the one value (a bulk job ended with it)."""
+    if size <= MAX_VALUE_BYTES:
+        return None
+    return f"{what} is {size:,} bytes encoded; a Kafka record holds at most {MAX_VALUE_BYTES:,}"
 
 
 # A client that cannot start (no broker answers, or none accepts this service's login)

@@ -16,6 +16,8 @@ import orjson
 from pydantic import ValidationError
 
 from services.edge.openai_api import ChatBody, CompletionBody
+from shared.codec import encode
+from shared.kafka_io import too_large
 from shared.messages import CacheMode, Completion, GenerateRequest, Priority
 
 ENDPOINTS: dict[str, type[CompletionBody] | type[ChatBody]] = {
@@ -76,6 +78,8 @@ def parse_line(
         return BadLine(custom_id, "invalid_request", _first_error(exc))
     reply = req.reply.model_copy(update={"kafka_topic": reply_topic, "redis": False})
     req = req.model_copy(update={"priority": Priority.BULK, "reply": reply})
+    if (why := too_large(len(encode(req)))) is not None:
+        return BadLine(custom_id, "request_too_large", why)
     return Job(custom_id, url, req, CacheMode(body.cache))
 
 

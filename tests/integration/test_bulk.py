@@ -25,6 +25,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ARTIFACTS = ROOT / "artifacts"
 LINES = 2000
+# A line within the schema's character limit that no Kafka record holds: an error line of
+# its own, never the end of the job.
+TOO_LARGE = 1500
 
 
 @pytest.fixture
@@ -54,6 +57,11 @@ def write_input(path: Path) -> set[str]:
                         {"custom_id": cid, "url": "/v1/completions", "body": {"model": "m"}}
                     )
                     + b"\n"
+                )
+            elif i == TOO_LARGE:
+                body = {"model": "tokenwire-tiny", "prompt": "\u00e9" * 2_200_000}
+                fh.write(
+                    orjson.dumps({"custom_id": cid, "url": "/v1/completions", "body": body}) + b"\n"
                 )
             elif i % 2:
                 body = {
@@ -160,6 +168,8 @@ async def test_bulk_file_killed_and_resumed_gives_one_result_per_line(
         n = int(r["custom_id"].split("-")[1])
         if n % 100 == 7:
             assert r["response"] is None and r["error"]["code"] == "invalid_request"
+        elif n == TOO_LARGE:
+            assert r["response"] is None and r["error"]["code"] == "request_too_large", r
         else:
             assert r["error"] is None and r["response"]["status_code"] == 200
             body = r["response"]["body"]

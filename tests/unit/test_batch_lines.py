@@ -7,6 +7,7 @@ import orjson
 
 from services.edge.batch_lines import check_file, result_line, window
 from services.edge.batch_store import BatchRecord, line_request_id, parse_request_id
+from shared.kafka_io import MAX_VALUE_BYTES
 from shared.messages import Completion, ErrorInfo, FinishReason, Priority, Usage
 
 MODEL = "tokenwire-tiny"
@@ -93,6 +94,32 @@ def test_an_empty_file_fails() -> None:
         reply_topic="c",
     )
     assert [e["code"] for e in checked.errors] == ["empty_file"]
+
+
+def test_a_line_too_large_for_the_bus_is_an_error_of_its_own() -> None:
+    """A prompt within the schema's 4,000,000 characters can still be more bytes than a
+    Kafka record holds (two bytes a character here): the line is refused by name, where
+    the producer's send would fail the whole job."""
+    big = {"model": MODEL, "prompt": "\u00e9" * 2_200_000}
+    content = b"\n".join(
+        [
+            orjson.dumps({"custom_id": "big", "url": "/v1/completions", "body": big}),
+            orjson.dumps(
+                {"custom_id": "ok", "url": "/v1/completions", "body": {**big, "prompt": "hi"}}
+            ),
+        ]
+    )
+    checked = check_file(
+        content,
+        batch_id="batch_x",
+        endpoint="/v1/completions",
+        model=MODEL,
+        tenant="t",
+        reply_topic="c",
+    )
+    assert [(e["line"], e["code"]) for e in checked.errors] == [(1, "request_too_large")]
+    assert f"{MAX_VALUE_BYTES:,}" in checked.errors[0]["message"]
+    assert [j.custom_id for j in checked.jobs] == ["ok"]
 
 
 def _completion(**kw: object) -> Completion:
