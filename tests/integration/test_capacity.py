@@ -54,7 +54,8 @@ async def test_the_plan_for_what_one_worker_sustains_is_one_worker_and_two_for_d
        is within 30% of what the streams got from their first token to their last. (Not an
        exact bound: the mean step counts each request's own prefill, which its stream's
        decode does not wait for.)
-    3. The plan for that target needs 1 worker; for twice the streams at the same rate, 2.
+    3. The plan for that target (at the step the streams saw) needs 1 worker; for twice the
+       streams at the same rate, 2.
        And the one-worker stack, given twice the streams, does not sustain them: each
        stream's rate over its life (its wait for a slot included) falls well below the
        measured rate, and the stack's tokens/s stays far from twice what it was.
@@ -87,14 +88,18 @@ async def test_the_plan_for_what_one_worker_sustains_is_one_worker_and_two_for_d
     costs = Costs.from_values(
         costs_file.values(costs_file.read_costs()) | {"worker_cpu_us_per_token": worker_us}
     )
+    assert 0.7 < decode / (1000 / step_ms) < 1.3, (decode, step_ms)
+    # The target's step is the one the streams saw (their median decode rate): the
+    # counters' mean also takes in prefill steps and any step the shared machine held up,
+    # and a target at exactly what was sustained would be refused by that mean's bound
+    # (a CI run under load: 136.2 tok/s sustained, 134.1 by the mean step).
     target = Target(
         streams=SLOTS,
         tokens_per_s=rate,
         request_rate=len(samples) / wall,
-        step_ms=step_ms,
+        step_ms=1000 / decode,
         max_running=SLOTS,
     )
-    assert 0.7 < decode / (1000 / step_ms) < 1.3, (decode, step_ms)
     sustained = plan(target, costs)
     assert sustained.count("workers") == 1, sustained
     doubled = plan(Target(**{**target.__dict__, "streams": 2 * SLOTS}), costs)
