@@ -136,9 +136,10 @@ class RenewingProducer:
     def client(self) -> Any:
         return self._current.client
 
-    async def start(self) -> None:
+    async def start(self, *, wait: bool = True) -> None:
         """Start, trying again with a new producer for as long as Kafka does not let it
-        in (away, or refusing the login: aiokafka logs each refusal)."""
+        in (away, or refusing the login: aiokafka logs each refusal); with ``wait`` off,
+        the first failure is raised (a one-shot command reports it)."""
         failures = 0
         while True:
             try:
@@ -146,6 +147,8 @@ class RenewingProducer:
                 return
             except KAFKA_DOWN as exc:
                 await self._current.stop()
+                if not wait:
+                    raise
                 if failures == 0:
                     login = self._settings.kafka.login()
                     log.warning(

@@ -13,17 +13,26 @@ Kafka user reads; without it, the shared topics.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection
 from types import TracebackType
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 
 from shared.codec import DecodeError, decode, encode
-from shared.kafka_io import make_consumer, make_producer
+from shared.kafka_io import RenewingProducer, make_consumer, ridden_out
 from shared.messages import Completion, GenerateRequest
+from shared.retry import backoff
 from shared.settings import CommonSettings
+
+log = logging.getLogger(__name__)
+
+# The longest wait between two sends of a request Kafka did not take.
+RETRY_CAP_S = 5.0
 
 
 class Producer:
@@ -34,12 +43,13 @@ class Producer:
         self.settings = settings
         self.names = settings.names
         self._client_id = client_id
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: RenewingProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> Producer:
-        self._producer = make_producer(self.settings, client_id=self._client_id, linger_ms=5)
-        await self._producer.start()
+        # Renewed when Kafka refuses it for good, as after a send that expired in an outage.
+        self._producer = RenewingProducer(self.settings, client_id=self._client_id, linger_ms=5)
+        await self._producer.start(wait=False)  # Kafka away at the start: the caller's to say
         # Subscribe before publishing: completions that arrive early are not missed.
         self._consumer = make_consumer(
             self.settings,
@@ -72,15 +82,33 @@ class Producer:
         return self.names.completions_to(source) if source else self.names.completions
 
     async def submit(self, req: GenerateRequest) -> str:
-        """Publish one request (its seed fixed now) once Kafka has it durably; returns its id."""
+        """Publish one request (its seed fixed now) once Kafka has it durably; returns its id.
+        A Kafka outage is waited out (the send is tried again with backoff, however long it
+        lasts; wrap the call in a timeout to give up sooner), so a long job survives a broker
+        restart. A send that expired may have reached Kafka all the same: the request can
+        then run twice, under one id (a consumer keeps the first completion)."""
         assert self._producer is not None, "use `async with Producer(...)`"
         req = req.with_seed()
         if req.reply.kafka_topic is None:
             req = req.model_copy(
                 update={"reply": req.reply.model_copy(update={"kafka_topic": self.replies})}
             )
-        await self._producer.send_and_wait(self.topic, encode(req), key=req.request_id.encode())
-        return req.request_id
+        value, key = encode(req), req.request_id.encode()
+        failures = 0
+        while True:
+            try:
+                await self._producer.send_and_wait(self.topic, value, key=key)
+            except KafkaError as exc:
+                if not ridden_out(exc):
+                    raise
+                if failures == 0:
+                    log.warning("Kafka did not take a request (%r): trying again", exc)
+                await asyncio.sleep(backoff(failures, cap_s=RETRY_CAP_S))
+                failures += 1
+                continue
+            if failures:
+                log.warning("Kafka took the request after %d failed sends", failures)
+            return req.request_id
 
     async def completions(
         self, request_ids: Collection[str] | None = None, *, timeout_s: float | None = None

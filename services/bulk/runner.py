@@ -3,7 +3,8 @@
 Lines are read lazily and at most ``max_in_flight`` requests are outstanding, so memory
 stays bounded on a file of any size. Results are appended to OUT as they finish, in any
 order, keyed by ``custom_id``; rerunning skips every ``custom_id`` already in OUT. A line
-that fails validation becomes an error line in OUT, never a crash.
+that fails validation becomes an error line in OUT, never a crash, and a Kafka outage is
+waited out (``Producer.submit`` sends again until the broker takes the request).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from services.bench.servers import Server
 from shared.codec import encode
 from shared.messages import GenerateRequest, SamplingParams
 from tests.conftest import new_prefix
@@ -85,7 +86,7 @@ def write_input(path: Path) -> set[str]:
     return ids
 
 
-def bulk(stack: Stack, src: Path, out: Path) -> subprocess.Popen[bytes]:
+def bulk(stack: Stack, src: Path, out: Path, max_in_flight: int = 64) -> subprocess.Popen[bytes]:
     log = open(ARTIFACTS / f"{stack.prefix}-bulk.log", "ab")
     cmd = [
         sys.executable,
@@ -97,7 +98,7 @@ def bulk(stack: Stack, src: Path, out: Path) -> subprocess.Popen[bytes]:
         str(out),
         "--quiet",
         "--max-in-flight",
-        "64",
+        str(max_in_flight),
     ]
     # The bulk client is a batch job that would run on its own machine; on this shared
     # 2-core box it runs niced so it does not compete with the services under test.
@@ -188,3 +189,51 @@ async def test_bulk_file_killed_and_resumed_gives_one_result_per_line(
     # measured 1.05x-1.81x, median 1.42x (1.3x-2.05x before bulk sat out those steps); a
     # CI run under other load measured 2.73x for one pair, hence two pairs.
     assert min(ratios) <= 2.0, (idle, busy, idle_again, busy_again)
+
+
+OUTAGE_LINES = 600
+OUTAGE_S = 35.0  # past the producer's 30 s request timeout: a send in flight expires
+
+
+async def test_a_bulk_job_waits_out_a_kafka_outage(
+    infra: dict[str, str], model_dir: str, own_kafka: Server, tmp_path: Path
+) -> None:
+    """The broker stops while a bulk job is still sending its first lines (it sends up to
+    its in-flight limit one after another, and the first results come back meanwhile) and
+    stays away past the producer's request timeout: the job waits (it used to exit with
+    the expired send's error, leaving a rerun to finish it), and once the broker is back it
+    writes one result for every line and exits 0."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    stk = make_stack(
+        new_prefix("bulk-outage"),
+        {**infra, "TW_KAFKA_BOOTSTRAP": own_kafka.url},
+        model_dir,
+        ARTIFACTS,
+    )
+    await stk.create_topics(partitions=2)
+    stk.start("worker", TW_MAX_RUNNING="16", TW_TORCH_THREADS="1")
+    stk.start("batcher")
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    with src.open("wb") as fh:
+        for i in range(OUTAGE_LINES):
+            body = {"model": "tokenwire-tiny", "prompt": f"Line {i}: the", "max_tokens": 4}
+            line = {"custom_id": f"o-{i:04d}", "url": "/v1/completions", "body": body}
+            fh.write(orjson.dumps(line) + b"\n")
+    job = None
+    try:
+        await stk.wait_ready()
+        job = bulk(stk, src, out, max_in_flight=OUTAGE_LINES)
+        await wait_lines(out, 1, job, 120)
+        await asyncio.to_thread(own_kafka.stop)
+        await asyncio.sleep(OUTAGE_S)
+        assert job.poll() is None, "the bulk job exited while Kafka was away"
+        await asyncio.to_thread(own_kafka.start)
+        assert await asyncio.to_thread(job.wait, 240) == 0
+        stk.check_alive()
+    finally:
+        if job is not None and job.poll() is None:
+            job.kill()
+        stk.stop_all()
+    rows = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert sorted(r["custom_id"] for r in rows) == [f"o-{i:04d}" for i in range(OUTAGE_LINES)]
+    assert all(r["error"] is None and r["response"]["status_code"] == 200 for r in rows)
