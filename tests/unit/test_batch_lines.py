@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import orjson
 
-from services.edge.batch_lines import check_file, result_line, window
+from services.edge.batch_lines import Checked, check_file, result_line, window
 from services.edge.batch_store import BatchRecord, line_request_id, parse_request_id
 from shared.kafka_io import MAX_VALUE_BYTES
 from shared.messages import Completion, ErrorInfo, FinishReason, Priority, Usage
 
 MODEL = "tokenwire-tiny"
+
+
+def _check(content: bytes) -> Checked:
+    """``check_file`` for a /v1/completions batch of tenant ``t``."""
+    return check_file(
+        content,
+        batch_id="batch_x",
+        endpoint="/v1/completions",
+        model=MODEL,
+        tenant="t",
+        reply_topic="c",
+    )
 
 
 def test_valid_lines_become_bulk_requests_named_by_batch_and_index() -> None:
@@ -67,14 +79,7 @@ def test_each_bad_line_is_an_error_with_its_line_number() -> None:
             b"[1, 2",
         ]
     )
-    checked = check_file(
-        content,
-        batch_id="batch_x",
-        endpoint="/v1/completions",
-        model=MODEL,
-        tenant="t",
-        reply_topic="c",
-    )
+    checked = _check(content)
     assert [(e["line"], e["code"]) for e in checked.errors] == [
         (2, "duplicate_custom_id"),
         (3, "model_not_found"),
@@ -85,14 +90,7 @@ def test_each_bad_line_is_an_error_with_its_line_number() -> None:
 
 
 def test_an_empty_file_fails() -> None:
-    checked = check_file(
-        b"\n \n",
-        batch_id="batch_x",
-        endpoint="/v1/completions",
-        model=MODEL,
-        tenant="t",
-        reply_topic="c",
-    )
+    checked = _check(b"\n \n")
     assert [e["code"] for e in checked.errors] == ["empty_file"]
 
 
@@ -109,14 +107,7 @@ def test_a_line_too_large_for_the_bus_is_an_error_of_its_own() -> None:
             ),
         ]
     )
-    checked = check_file(
-        content,
-        batch_id="batch_x",
-        endpoint="/v1/completions",
-        model=MODEL,
-        tenant="t",
-        reply_topic="c",
-    )
+    checked = _check(content)
     assert [(e["line"], e["code"]) for e in checked.errors] == [(1, "request_too_large")]
     assert f"{MAX_VALUE_BYTES:,}" in checked.errors[0]["message"]
     assert [j.custom_id for j in checked.jobs] == ["ok"]
