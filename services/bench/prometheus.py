@@ -11,6 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.bench.cluster import Stack
 
+# engine_counters: the gap between two readings that must agree (longer than the worker's
+# default 1 s heartbeat, so a beat comes between them), and the longest wait.
+SETTLE_S = 1.2
+SETTLE_WITHIN_S = 6.0
+
 
 async def scrape(url: str) -> dict[str, float]:
     """Prometheus samples of one /metrics page, name{labels} → value."""
@@ -73,7 +78,22 @@ async def stage_times(stack: Stack, since: Scrapes) -> dict[str, Any]:
 
 async def engine_counters(stack: Stack) -> tuple[float, float]:
     """The worker's engine busy seconds and steps so far, once the work before is counted:
-    the worker refreshes its metrics on the heartbeat that follows finished requests."""
-    await asyncio.sleep(0.5)
-    m = await scrape(f"http://127.0.0.1:{stack.metrics_ports['worker']}/metrics")
+    the worker refreshes its metrics on the heartbeat that follows finished requests, and
+    on a loaded machine that beat can come later than a fixed wait (a stale first reading
+    counted the warm-up's last steps in the next window: a busy share of 116%). Read until
+    two readings ``SETTLE_S`` apart agree (the stack is idle when this is called), within
+    ``SETTLE_WITHIN_S``."""
+    url = f"http://127.0.0.1:{stack.metrics_ports['worker']}/metrics"
+    last = await _counters(url)
+    for _ in range(int(SETTLE_WITHIN_S / SETTLE_S)):
+        await asyncio.sleep(SETTLE_S)
+        now = await _counters(url)
+        if now == last:
+            break
+        last = now
+    return last
+
+
+async def _counters(url: str) -> tuple[float, float]:
+    m = await scrape(url)
     return m.get("tw_engine_busy_seconds_total", 0.0), m.get("tw_engine_steps_total", 0.0)
