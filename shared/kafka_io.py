@@ -44,13 +44,13 @@ RECORD_OVERHEAD_BYTES = 4096
 MAX_VALUE_BYTES = MAX_MESSAGE_BYTES - RECORD_OVERHEAD_BYTES
 
 
-def too_large(size: int, what: str = "the request") -> str | None:
+def too_large(size: int) -> str | None:
     """Why a value of ``size`` bytes cannot go on the bus (no record holds it), or None.
     Kafka would refuse it at send, and a sender that lets that error through fails more
     than the one value (a bulk job ended with it)."""
     if size <= MAX_VALUE_BYTES:
         return None
-    return f"{what} is {size:,} bytes encoded; a Kafka record holds at most {MAX_VALUE_BYTES:,}"
+    return f"the request is {size:,} bytes encoded; a Kafka record holds at most {MAX_VALUE_BYTES:,}"
 
 
 # A client that cannot start (no broker answers, or none accepts this service's login)
