@@ -50,7 +50,9 @@ def too_large(size: int) -> str | None:
     than the one value (a bulk job ended with it)."""
     if size <= MAX_VALUE_BYTES:
         return None
-    return f"the request is {size:,} bytes encoded; a Kafka record holds at most {MAX_VALUE_BYTES:,}"
+    return (
+        f"the request is {size:,} bytes encoded; a Kafka record holds at most {MAX_VALUE_BYTES:,}"
+    )
 
 
 # A client that cannot start (no broker answers, or none accepts this service's login)
