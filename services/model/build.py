@@ -46,12 +46,26 @@ def default_cache_dir() -> Path:
     return Path(root) / "models"
 
 
+def recipe(spec: ModelPreset) -> dict[str, Any]:
+    """What of ``spec``'s recipe a build records, beyond its sizes, to be matched before
+    the build is reused: its step counts and, for a distilled preset, its teacher's
+    recipe (a draft distilled from another build of the teacher guesses for that one)."""
+    fields: dict[str, Any] = {"train_steps": spec.train_steps, "copy_step_limit": spec.copy_steps}
+    if spec.distill_from:
+        fields["teacher"] = recipe(get_preset(spec.distill_from))
+    return fields
+
+
 def is_ready(folder: Path, spec: ModelPreset | None = None) -> bool:
     """Whether ``folder`` holds a finished build (its info file is written last), of
-    ``spec``'s recipe when given: a preset whose step count changed is built again."""
+    ``spec``'s recipe when given: a preset whose recipe changed is built again."""
     if not (folder / INFO_FILE).is_file():
         return False
-    return spec is None or read_build_info(folder).get("train_steps") == spec.train_steps
+    if spec is None:
+        return True
+    info = read_build_info(folder)
+    info.setdefault("copy_step_limit", 0)  # builds from before copy phases had none
+    return all(info.get(key) == value for key, value in recipe(spec).items())
 
 
 def read_build_info(folder: Path) -> dict[str, Any]:
@@ -198,8 +212,10 @@ def _build(
         "tokenizer_vocab": backend.get_vocab_size(),
         "corpus_docs": len(docs),
         "corpus_bytes": corpus_bytes,
-        "train_steps": spec.train_steps,
+        **recipe(spec),
     }
+    if spec.copy_steps:
+        info.update(_copy_phase(spec, model, eot_id, log, timings))
     teacher = None
     if spec.distill_from:
         teacher = _relative(spec.distill_from, tokenizer, cache_dir, log)
@@ -249,6 +265,41 @@ def _relative(name: str, tokenizer: Any, cache_dir: Path, log: Callable[[str], N
     return model.eval()
 
 
+def _copy_phase(
+    spec: ModelPreset,
+    model: Any,
+    eot_id: int,
+    log: Callable[[str], None],
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """Teach a shallow model of ``spec``'s widths to copy, then graft it into ``model``."""
+    from dataclasses import replace
+
+    from services.model.train import COPY_DONE, available_cpus, graft, make_model, train_copy
+
+    shallow = make_model(replace(spec, num_layers=spec.copy_layers, copy_steps=0), eot_id)
+    threads = available_cpus()
+    log(
+        f"[model] {spec.name}: copy phase, {spec.copy_layers} layers, at most "
+        f"{spec.copy_steps} steps, {threads} threads"
+    )
+    result = train_copy(shallow, spec, log, threads=threads)
+    graft(shallow, model)
+    timings["copy_s"] = result.seconds
+    copied = result.final_copied or 0.0
+    log(f"[model] {spec.name}: copy phase done in {len(result.losses)} steps, {copied:.0%} copied")
+    if copied < COPY_DONE:
+        log(
+            f"[model] {spec.name}: warning: copying did not form within {spec.copy_steps} "
+            "steps; the model will copy little (n-gram speculation gains little on it)"
+        )
+    return {
+        "copy_steps": len(result.losses),
+        "copy_final_loss": result.final_loss,
+        "copied": copied,
+    }
+
+
 def _train(
     spec: ModelPreset,
     model: Any,
@@ -261,7 +312,7 @@ def _train(
 ) -> dict[str, Any]:
     """Train ``model`` on the packed corpus (on ``teacher``'s distributions, when given);
     the build info's training fields."""
-    from services.model.train import available_cpus, pack_documents, train
+    from services.model.train import COPY_KEEP_ROWS, available_cpus, pack_documents, train
 
     mark = time.perf_counter()
     data = pack_documents(docs, backend, spec.seq_len, eot_id)
@@ -271,15 +322,19 @@ def _train(
         f"[model] {spec.name}: training {spec.train_steps} steps on {data.numel():,} tokens, "
         f"batch {spec.batch_size}x{spec.seq_len}, {threads} threads"
     )
-    result = train(model, data, spec, log, threads=threads, teacher=teacher)
+    copy_rows = COPY_KEEP_ROWS if spec.copy_steps else 0
+    result = train(model, data, spec, log, threads=threads, teacher=teacher, copy_rows=copy_rows)
     timings["train_s"] = result.seconds
     log(f"[model] {spec.name}: final loss {result.final_loss:.3f} in {result.seconds:.1f}s")
-    return {
+    info: dict[str, Any] = {
         "corpus_tokens": data.numel(),
         "train_threads": threads,
         "first_loss": result.losses[0],
         "final_loss": result.final_loss,
     }
+    if result.copied:
+        info["copied_after_training"] = result.final_copied
+    return info
 
 
 def _save(model: Any, tokenizer: Any, out_dir: Path) -> None:

@@ -41,6 +41,11 @@ class ModelPreset:
     # the preset ``init_from`` (same sizes) or from random ones. Both are built if missing.
     distill_from: str = ""
     init_from: str = ""
+    # Copying first: a model of these widths and ``copy_layers`` layers learns to continue
+    # a repeated run of tokens (at most ``copy_steps`` steps, ``train.train_copy``), and
+    # becomes the first layers of this one before the corpus (``train.graft``).
+    copy_steps: int = 0
+    copy_layers: int = 2
 
     def __post_init__(self) -> None:
         # Fail at import time rather than deep inside LlamaConfig.
@@ -54,6 +59,10 @@ class ModelPreset:
             raise ValueError(f"{self.name}: init_from is for distillation (distill_from)")
         if self.distill_from and not self.train_steps:
             raise ValueError(f"{self.name}: distillation needs train_steps")
+        if self.copy_steps and not 0 < self.copy_layers < self.num_layers:
+            raise ValueError(f"{self.name}: copy_layers must be fewer than num_layers")
+        if self.copy_steps and (self.init_from or not self.train_steps):
+            raise ValueError(f"{self.name}: a copy phase comes before training from scratch")
 
     @property
     def parameter_count(self) -> int:
@@ -123,8 +132,9 @@ PRESETS: dict[str, ModelPreset] = {
             seq_len=128,
             learning_rate=2e-3,
             warmup_steps=30,
-            description="benchmarks and speculation's target: ~30M parameters, trained ~30 min "
-            "on CPU from tiny's corpus and tokenizer (built only when asked for)",
+            copy_steps=4000,
+            description="benchmarks and speculation's target: ~30M parameters, a copy phase "
+            "then ~35 min on CPU from tiny's corpus and tokenizer (built only when asked for)",
         ),
         ModelPreset(
             name="llama-1b",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from services.model.build import (
 )
 from services.model.chat import render_chat
 from services.model.presets import PRESETS
+from services.model.train import COPY_RUN, copy_batch, graft, make_model, train, train_copy
 
 MULTIBYTE = "Héllo wörld: café, 中文 and an emoji 😀 — tabs\tand  spaces.\n"
 
@@ -223,3 +226,103 @@ def test_a_distilled_preset_needs_training_and_a_teacher() -> None:
     draft, tiny = PRESETS["small-draft"], PRESETS["tiny"]
     assert (draft.distill_from, draft.init_from) == ("small", "tiny")
     assert draft.parameter_count == tiny.parameter_count
+
+
+def test_copy_rows_repeat_a_run_and_mark_what_copying_predicts() -> None:
+    """Every row repeats one run to its end; a marked position's next token is the token
+    one run earlier, and the positions before the repeat begins are never marked."""
+    rows, known = copy_batch(torch.Generator().manual_seed(0), 16, 128, 1024)
+    assert rows.shape == known.shape == (16, 128) and int(rows.min()) >= 1
+    for row, marks in zip(rows.tolist(), known.tolist(), strict=True):
+        first = marks.index(True)  # where the repeat begins: the run's start plus length
+        assert all(marks[first:-1]) and not marks[-1] and not any(marks[:first])
+        periods = [
+            n
+            for n in range(COPY_RUN[0], COPY_RUN[1] + 1)
+            if 0 <= first - n <= 8 and all(row[p] == row[p - n] for p in range(first, 128))
+        ]
+        assert periods, row
+
+
+def test_a_grafted_model_starts_as_its_shallow_model() -> None:
+    """The copy phase's shallow model grafted into the full depth computes the same
+    logits: the later layers add nothing until training moves them."""
+    micro = PRESETS["micro"]
+    shallow = make_model(dataclasses.replace(micro, num_layers=2, seed=3), eot_id=0)
+    deep = make_model(micro, eot_id=0)
+    graft(shallow, deep)
+    ids = torch.randint(0, micro.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(deep(input_ids=ids).logits, shallow(input_ids=ids).logits)
+
+
+def test_a_copy_phase_runs_before_the_corpus_and_is_part_of_the_recipe(
+    built: Built, tmp_path: Path
+) -> None:
+    micro = PRESETS["micro"]
+    copying = dataclasses.replace(micro, name="micro-copy", copy_steps=3)
+    info = model_build.build_model(copying, tmp_path / "m", log=lambda _: None)
+    assert (info["copy_step_limit"], info["copy_steps"]) == (3, 3)
+    assert info["copy_final_loss"] > 0 and "copy_s" in info["timings"]
+    assert is_ready(tmp_path / "m", copying)
+    assert not is_ready(tmp_path / "m", dataclasses.replace(copying, copy_steps=4))
+    assert not is_ready(built.folder, copying)  # the same steps without the copy phase
+    with pytest.raises(ValueError, match="copy_layers"):
+        dataclasses.replace(micro, copy_steps=3, copy_layers=micro.num_layers)
+
+
+def test_the_copy_phase_trains_attention_and_leaves_the_mlps_silent() -> None:
+    """The MLPs sit the copy phase out (untouched) and come back writing nothing, so the
+    shallow model computes what the phase taught it; attention and embeddings learned."""
+    micro = dataclasses.replace(PRESETS["micro"], copy_steps=3)
+    shallow = make_model(dataclasses.replace(micro, num_layers=2, copy_steps=0), eot_id=0)
+    before = {name: value.clone() for name, value in shallow.state_dict().items()}
+    train_copy(shallow, micro, lambda _: None, threads=1)
+    after = shallow.state_dict()
+    for i, layer in enumerate(shallow.model.layers):
+        assert type(layer.mlp).__name__ == "LlamaMLP"
+        assert not layer.mlp.down_proj.weight.any()
+        for part in ("gate_proj", "up_proj"):
+            name = f"model.layers.{i}.mlp.{part}.weight"
+            torch.testing.assert_close(after[name], before[name])
+        name = f"model.layers.{i}.self_attn.q_proj.weight"
+        assert not torch.equal(after[name], before[name])
+    assert not torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
+
+
+def test_copy_rows_beside_the_corpus_leave_its_order_and_its_loss_figures() -> None:
+    """Copy rows add their loss to each step, but the losses reported are the corpus's and
+    the corpus batches are the same ones: the first step's loss (before any update) is
+    equal with and without them, and the later ones move."""
+    micro = dataclasses.replace(PRESETS["micro"], train_steps=6)
+    data = torch.randint(
+        0, micro.vocab_size, (32, micro.seq_len), generator=torch.Generator().manual_seed(2)
+    )
+    runs = [
+        train(make_model(micro, eot_id=0), data, micro, lambda _: None, threads=1, copy_rows=rows)
+        for rows in (0, 2)
+    ]
+    assert runs[0].losses[0] == pytest.approx(runs[1].losses[0], rel=1e-6)
+    assert runs[0].losses[1:] != runs[1].losses[1:]
+
+
+def test_a_distilled_build_is_stale_once_its_teachers_recipe_changes(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """small-draft learns small's distributions: a draft distilled from a small built by
+    another recipe is built again, not served as a draft of the small there is now."""
+    folder = tmp_path / "draft"
+    shutil.copytree(built.folder, folder)
+    draft = PRESETS["small-draft"]
+    info = read_build_info(folder)
+    info.update(model_build.recipe(draft))
+    (folder / INFO_FILE).write_text(json.dumps(info), encoding="utf-8")
+    assert is_ready(folder, draft)
+    changed = dataclasses.replace(PRESETS["small"], copy_steps=PRESETS["small"].copy_steps + 1)
+    monkeypatch.setitem(PRESETS, "small", changed)
+    assert not is_ready(folder, draft)
+    # A build from before teachers were recorded counts as another recipe.
+    del info["teacher"]
+    (folder / INFO_FILE).write_text(json.dumps(info), encoding="utf-8")
+    monkeypatch.undo()
+    assert not is_ready(folder, draft)
