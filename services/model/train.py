@@ -107,14 +107,32 @@ class TrainResult:
     @property
     def final_loss(self) -> float:
         """Mean loss of the last 10 steps: less noisy than the very last batch."""
-        tail = self.losses[-10:]
-        return sum(tail) / len(tail)
+        return _tail_mean(self.losses, 10)
 
     @property
     def final_copied(self) -> float | None:
         """Mean copy accuracy of the last ``COPY_WINDOW`` steps, if copy rows were trained."""
-        tail = self.copied[-COPY_WINDOW:]
-        return sum(tail) / len(tail) if tail else None
+        return _tail_mean(self.copied, COPY_WINDOW) if self.copied else None
+
+
+def _tail_mean(values: Sequence[float], count: int) -> float:
+    """The mean of the last ``count`` values (of all of them while there are fewer)."""
+    tail = values[-count:]
+    return sum(tail) / len(tail)
+
+
+def _update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    loss: torch.Tensor,
+) -> None:
+    """One optimizer step on ``loss``, its gradient clipped to norm 1."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
 
 
 def _loss(model: torch.nn.Module, batch: torch.Tensor, teacher: torch.nn.Module | None) -> Any:
@@ -190,17 +208,11 @@ def train(
                 extra, accuracy = copy_loss(model, rows, known)
                 loss = corpus + extra
                 copied.append(accuracy)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
+            _update(model, optimizer, scheduler, loss)
             losses.append(float(corpus.detach()))  # the corpus's alone: comparable
             if (step + 1) % every == 0 or step == 0:
                 elapsed = time.perf_counter() - started
-                kept = (
-                    f"  copied {sum(copied[-every:]) / len(copied[-every:]):.0%}" if copied else ""
-                )
+                kept = f"  copied {_tail_mean(copied, every):.0%}" if copied else ""
                 log(
                     f"  step {step + 1:4d}/{preset.train_steps}  loss {losses[-1]:.3f}  "
                     f"lr {scheduler.get_last_lr()[0]:.2e}{kept}  {elapsed:5.1f}s"
@@ -296,14 +308,10 @@ def train_copy(
                     generator, COPY_BATCH, COPY_SEQ_LEN, model.config.vocab_size
                 )
                 loss, copied = copy_loss(model, rows, known)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                scheduler.step()
+                _update(model, optimizer, scheduler, loss)
                 losses.append(float(loss.detach()))
                 accuracy.append(copied)
-                recent = sum(accuracy[-COPY_WINDOW:]) / len(accuracy[-COPY_WINDOW:])
+                recent = _tail_mean(accuracy, COPY_WINDOW)
                 if (step + 1) % COPY_WINDOW == 0 or step == 0:
                     log(
                         f"  copy step {step + 1:4d}/{preset.copy_steps}  loss "
