@@ -164,10 +164,12 @@ class ChatProbe:
         return out
 
     async def rounds(
-        self, job: subprocess.Popen[bytes], n: int = 3
+        self, job: subprocess.Popen[bytes], n: int = 4
     ) -> tuple[list[float], list[float]]:
         """TTFT during the bulk job and with it paused, in ``n`` alternating rounds: the
-        machine's background load drifts, so busy and idle are measured seconds apart."""
+        machine's background load drifts, so busy and idle are measured seconds apart. A
+        resumed job sends its whole window of requests at once; the busy chats wait for it
+        to settle."""
         busy: list[float] = []
         idle: list[float] = []
         for _ in range(n):
@@ -176,7 +178,7 @@ class ChatProbe:
             await self.drained()
             idle += await self.ttft(10)
             job.send_signal(signal.SIGCONT)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(2.0)
         return busy, idle
 
     async def drained(self, within_s: float = 30.0) -> None:
