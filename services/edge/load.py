@@ -47,11 +47,16 @@ class LoadWatcher:
         self._refresh_s = refresh_s
         self.current = Load()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name="edge-load")
 
     async def stop(self) -> None:
+        # A cancel that lands as a Redis call completes is lost (see shared.tasks), and
+        # the loop is inside one nearly all the time: the flag ends it at its next turn.
+        self._stopping = True
         await cancel_and_wait(self._task)
 
     async def refresh(self) -> Load:
@@ -87,7 +92,7 @@ class LoadWatcher:
         return min(contexts) if contexts else self.current.worker_context
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self.refresh()
             except REDIS_DOWN as exc:  # keep the last reading; the Redis probe logs outages
