@@ -181,8 +181,10 @@ class ChatProbe:
             await asyncio.sleep(2.0)
         return busy, idle
 
-    async def drained(self, within_s: float = 30.0) -> None:
-        """Wait until a paused job's requests in flight have left the batcher and worker."""
+    async def drained(self, within_s: float = 6.0) -> None:
+        """Wait until a paused job's requests in flight have left the batcher and worker.
+        The job is paused well within its consumer's 10 s session, so it keeps its place
+        on the completions topic."""
         names = {
             "worker": ("tw_requests_running", "tw_requests_waiting"),
             "batcher": ("tw_batcher_queue_depth",),
