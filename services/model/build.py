@@ -46,18 +46,11 @@ def default_cache_dir() -> Path:
     return Path(root) / "models"
 
 
-# What the copy rows beside the corpus are made of (``train.corpus_copy_batch``): part of
-# the recipe, so builds made with other rows are built again.
-KEPT_COPY_ROWS = "corpus tokens"
-
-
 def recipe(spec: ModelPreset) -> dict[str, Any]:
     """What of ``spec``'s recipe a build records, beyond its sizes, to be matched before
     the build is reused: its step counts and, for a distilled preset, its teacher's
     recipe (a draft distilled from another build of the teacher guesses for that one)."""
     fields: dict[str, Any] = {"train_steps": spec.train_steps, "copy_step_limit": spec.copy_steps}
-    if spec.copy_steps:
-        fields["kept_copy_rows"] = KEPT_COPY_ROWS
     if spec.distill_from:
         fields["teacher"] = recipe(get_preset(spec.distill_from))
     return fields

@@ -169,9 +169,8 @@ def train(
     next-token distribution there (the KL divergence from it: distillation, which teaches
     a small model to guess what the teacher would say rather than what the text says).
 
-    ``copy_rows``: that many ``corpus_copy_batch`` rows join each step, their loss added to
-    the corpus's, so copying learned in a copy phase is kept, and extended to the longer
-    matches text needs, while the corpus is learned.
+    ``copy_rows``: that many ``copy_batch`` rows join each step, their loss added to the
+    corpus's, so copying learned in a copy phase is kept while the corpus is learned.
 
     A fixed step count (not a time limit) and a seeded batch order keep the result the same
     from run to run on a given machine and thread count.
@@ -205,7 +204,7 @@ def train(
             cursor += preset.batch_size
             corpus = loss = _loss(model, batch, teacher)
             if copy_rows:
-                rows, known = corpus_copy_batch(copying, data, copy_rows)
+                rows, known = copy_batch(copying, copy_rows, preset.seq_len, preset.vocab_size)
                 extra, accuracy = copy_loss(model, rows, known)
                 loss = corpus + extra
                 copied.append(accuracy)
@@ -243,47 +242,15 @@ def copy_batch(
     known = torch.zeros(batch, seq_len, dtype=torch.bool)
     lengths = torch.randint(COPY_RUN[0], COPY_RUN[1] + 1, (batch,), generator=generator)
     starts = torch.randint(0, 9, (batch,), generator=generator)
+    positions = torch.arange(seq_len)
     for i in range(batch):
-        _repeat_to_end(rows[i], known[i], int(starts[i]), int(lengths[i]))
+        start, length = int(starts[i]), int(lengths[i])
+        repeat = positions >= start + length
+        rows[i, repeat] = rows[i, start + (positions[repeat] - start) % length]
+        # Position p predicts token p + 1, known once the repeat has begun (the run's
+        # length shows only when its first token comes again).
+        known[i, :-1] = positions[:-1] >= start + length
     return rows, known
-
-
-def corpus_copy_batch(
-    generator: torch.Generator, data: torch.Tensor, batch: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Copy rows made of corpus rows' own tokens, shuffled: common tokens come back many
-    times in a row, as a passage's words do, so one token rarely tells where a copy goes
-    on; the tokens before it do. Half the rows repeat a run to the end (``copy_batch``);
-    the other half quote a run once, farther on, as an answer quotes its prompt. The
-    random tokens of the copy phase teach copying (one token finds its earlier place);
-    these, beside the corpus, teach matching a longer context."""
-    seq_len = data.size(1)
-    picked = torch.randint(0, data.size(0), (batch,), generator=generator)
-    rows = torch.stack([data[int(r)][torch.randperm(seq_len, generator=generator)] for r in picked])
-    known = torch.zeros(batch, seq_len, dtype=torch.bool)
-    for i in range(batch):
-        longest = min(COPY_RUN[1], seq_len // 2)  # a short row copies shorter runs
-        length = int(torch.randint(COPY_RUN[0], longest + 1, (1,), generator=generator))
-        if i % 2 == 0:
-            start = int(torch.randint(0, min(9, seq_len - length), (1,), generator=generator))
-            _repeat_to_end(rows[i], known[i], start, length)
-            continue
-        source = int(torch.randint(0, seq_len - 2 * length + 1, (1,), generator=generator))
-        quote = int(torch.randint(source + length, seq_len - length + 1, (1,), generator=generator))
-        rows[i, quote : quote + length] = rows[i, source : source + length]
-        known[i, quote : quote + length - 1] = True  # the quote's own tokens predict the rest
-    return rows, known
-
-
-def _repeat_to_end(row: torch.Tensor, known: torch.Tensor, start: int, length: int) -> None:
-    """Repeat ``row``'s run of ``length`` tokens from ``start`` to its end, and mark the
-    positions whose next token is known from the repeat (in place)."""
-    positions = torch.arange(row.numel())
-    repeat = positions >= start + length
-    row[repeat] = row[start + (positions[repeat] - start) % length]
-    # Position p predicts token p + 1, known once the repeat has begun (the run's length
-    # shows only when its first token comes again).
-    known[:-1] = positions[:-1] >= start + length
 
 
 def copy_loss(

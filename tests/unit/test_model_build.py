@@ -24,15 +24,7 @@ from services.model.build import (
 )
 from services.model.chat import render_chat
 from services.model.presets import PRESETS
-from services.model.train import (
-    COPY_RUN,
-    copy_batch,
-    corpus_copy_batch,
-    graft,
-    make_model,
-    train,
-    train_copy,
-)
+from services.model.train import COPY_RUN, copy_batch, graft, make_model, train, train_copy
 
 MULTIBYTE = "Héllo wörld: café, 中文 and an emoji 😀 — tabs\tand  spaces.\n"
 
@@ -242,42 +234,14 @@ def test_copy_rows_repeat_a_run_and_mark_what_copying_predicts() -> None:
     rows, known = copy_batch(torch.Generator().manual_seed(0), 16, 128, 1024)
     assert rows.shape == known.shape == (16, 128) and int(rows.min()) >= 1
     for row, marks in zip(rows.tolist(), known.tolist(), strict=True):
-        _assert_repeats_to_end(row, marks)
-
-
-def _assert_repeats_to_end(row: list[int], marks: list[bool]) -> None:
-    first = marks.index(True)  # where the repeat begins: the run's start plus length
-    assert all(marks[first:-1]) and not marks[-1] and not any(marks[:first])
-    periods = [
-        n
-        for n in range(COPY_RUN[0], COPY_RUN[1] + 1)
-        if 0 <= first - n <= 8 and all(row[p] == row[p - n] for p in range(first, len(row)))
-    ]
-    assert periods, row
-
-
-def test_corpus_copy_rows_shuffle_a_corpus_row_and_repeat_or_quote_a_run() -> None:
-    """Rows drawn from the corpus's own tokens: each holds the tokens of one corpus row
-    only; even rows repeat a run to the end, odd ones quote a run once, later, with only
-    the quote's positions after its first marked."""
-    data = torch.arange(8 * 128).reshape(8, 128) // 4  # row r holds tokens 32r..32r+31
-    rows, known = corpus_copy_batch(torch.Generator().manual_seed(0), data, 12)
-    assert rows.shape == known.shape == (12, 128)
-    for i, (row, marks) in enumerate(zip(rows.tolist(), known.tolist(), strict=True)):
-        assert len({token // 32 for token in row}) == 1, row  # one corpus row's tokens
-        if i % 2 == 0:
-            _assert_repeats_to_end(row, marks)
-            continue
-        marked = [p for p, m in enumerate(marks) if m]
-        quote, length = marked[0], len(marked) + 1
-        assert marked == list(range(quote, quote + length - 1))
-        assert COPY_RUN[0] <= length <= COPY_RUN[1]
-        run = row[quote : quote + length]
-        assert any(row[s : s + length] == run for s in range(quote - length + 1)), row
-    # Rows shorter than two of the longest runs repeat and quote shorter ones.
-    rows, known = corpus_copy_batch(torch.Generator().manual_seed(1), data[:, :24], 8)
-    assert all(COPY_RUN[0] - 1 <= int(m.sum()) <= 24 // 2 - 1 for m in known[1::2])
-    assert all(m.any() for m in known[::2])
+        first = marks.index(True)  # where the repeat begins: the run's start plus length
+        assert all(marks[first:-1]) and not marks[-1] and not any(marks[:first])
+        periods = [
+            n
+            for n in range(COPY_RUN[0], COPY_RUN[1] + 1)
+            if 0 <= first - n <= 8 and all(row[p] == row[p - n] for p in range(first, 128))
+        ]
+        assert periods, row
 
 
 def test_a_grafted_model_starts_as_its_shallow_model() -> None:
@@ -300,14 +264,9 @@ def test_a_copy_phase_runs_before_the_corpus_and_is_part_of_the_recipe(
     info = model_build.build_model(copying, tmp_path / "m", log=lambda _: None)
     assert (info["copy_step_limit"], info["copy_steps"]) == (3, 3)
     assert info["copy_final_loss"] > 0 and "copy_s" in info["timings"]
-    assert info["kept_copy_rows"] == "corpus tokens"
     assert is_ready(tmp_path / "m", copying)
     assert not is_ready(tmp_path / "m", dataclasses.replace(copying, copy_steps=4))
     assert not is_ready(built.folder, copying)  # the same steps without the copy phase
-    # A build from before the kept copy rows were made of corpus tokens is built again.
-    del info["kept_copy_rows"]
-    (tmp_path / "m" / INFO_FILE).write_text(json.dumps(info), encoding="utf-8")
-    assert not is_ready(tmp_path / "m", copying)
     with pytest.raises(ValueError, match="copy_layers"):
         dataclasses.replace(micro, copy_steps=3, copy_layers=micro.num_layers)
 
