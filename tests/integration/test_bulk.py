@@ -13,12 +13,12 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 import orjson
 import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
+from services.bench.prometheus import scrape
 from services.bench.servers import Server
 from shared.codec import decode, encode
 from shared.messages import GenerateRequest, SamplingParams, TokenEvent
@@ -185,26 +185,22 @@ class ChatProbe:
         """Wait until a paused job's requests in flight have left the batcher and worker.
         The job is paused well within its consumer's 10 s session, so it keeps its place
         on the completions topic."""
-        names = {
+        gauges = {
             "worker": ("tw_requests_running", "tw_requests_waiting"),
             "batcher": ("tw_batcher_queue_depth",),
         }
         deadline = time.monotonic() + within_s
         quiet = 0
-        async with httpx.AsyncClient() as http:
-            while quiet < 2:
-                assert time.monotonic() < deadline, "the paused bulk job's requests never drained"
-                await asyncio.sleep(0.2)
-                total = 0.0
-                for service, metrics in names.items():
-                    port = self.stack.metrics_ports[service]
-                    text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
-                    total += sum(
-                        float(line.rsplit(" ", 1)[1])
-                        for line in text.splitlines()
-                        if line.split(" ", 1)[0] in metrics
-                    )
-                quiet = quiet + 1 if total == 0 else 0
+        while quiet < 2:
+            assert time.monotonic() < deadline, "the paused bulk job's requests never drained"
+            await asyncio.sleep(0.2)
+            total = 0.0
+            for service, names in gauges.items():
+                samples = await scrape(
+                    f"http://127.0.0.1:{self.stack.metrics_ports[service]}/metrics"
+                )
+                total += sum(samples[name] for name in names)
+            quiet = quiet + 1 if total == 0 else 0
 
 
 async def wait_lines(path: Path, n: int, proc: subprocess.Popen[bytes], within_s: float) -> None:
