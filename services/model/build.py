@@ -50,7 +50,11 @@ def recipe(spec: ModelPreset) -> dict[str, Any]:
     """What of ``spec``'s recipe a build records, beyond its sizes, to be matched before
     the build is reused: its step counts and, for a distilled preset, its teacher's
     recipe (a draft distilled from another build of the teacher guesses for that one)."""
-    fields: dict[str, Any] = {"train_steps": spec.train_steps, "copy_step_limit": spec.copy_steps}
+    fields: dict[str, Any] = {
+        "train_steps": spec.train_steps,
+        "copy_step_limit": spec.copy_steps,
+        "tune_steps": spec.tune_steps,
+    }
     if spec.distill_from:
         fields["teacher"] = recipe(get_preset(spec.distill_from))
     return fields
@@ -65,6 +69,7 @@ def is_ready(folder: Path, spec: ModelPreset | None = None) -> bool:
         return True
     info = read_build_info(folder)
     info.setdefault("copy_step_limit", 0)  # builds from before copy phases had none
+    info.setdefault("tune_steps", 0)  # nor from before copy tunes
     return all(info.get(key) == value for key, value in recipe(spec).items())
 
 
@@ -277,7 +282,9 @@ def _copy_phase(
 
     from services.model.train import COPY_DONE, available_cpus, graft, make_model, train_copy
 
-    shallow = make_model(replace(spec, num_layers=spec.copy_layers, copy_steps=0), eot_id)
+    shallow = make_model(
+        replace(spec, num_layers=spec.copy_layers, copy_steps=0, tune_steps=0), eot_id
+    )
     threads = available_cpus()
     log(
         f"[model] {spec.name}: copy phase, {spec.copy_layers} layers, at most "
@@ -312,7 +319,13 @@ def _train(
 ) -> dict[str, Any]:
     """Train ``model`` on the packed corpus (on ``teacher``'s distributions, when given);
     the build info's training fields."""
-    from services.model.train import COPY_KEEP_ROWS, available_cpus, pack_documents, train
+    from services.model.train import (
+        COPY_KEEP_ROWS,
+        available_cpus,
+        pack_documents,
+        train,
+        train_tune,
+    )
 
     mark = time.perf_counter()
     data = pack_documents(docs, backend, spec.seq_len, eot_id)
@@ -334,6 +347,15 @@ def _train(
     }
     if result.copied:
         info["copied_after_training"] = result.final_copied
+    if spec.tune_steps:
+        log(f"[model] {spec.name}: copy tune, {spec.tune_steps} steps")
+        tuned = train_tune(model, data, spec, log, threads=threads)
+        timings["tune_s"] = tuned.seconds
+        info.update(tune_final_loss=tuned.final_loss, copied_after_tune=tuned.final_copied)
+        log(
+            f"[model] {spec.name}: tune done, loss {tuned.final_loss:.3f}, "
+            f"{tuned.final_copied or 0:.0%} of its copy rows copied"
+        )
     return info
 
 

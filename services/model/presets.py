@@ -46,6 +46,9 @@ class ModelPreset:
     # becomes the first layers of this one before the corpus (``train.graft``).
     copy_steps: int = 0
     copy_layers: int = 2
+    # After the corpus, ``tune_steps`` steps of it with copy rows of its own tokens beside
+    # each batch (``train.train_tune``): copying carried over to real words.
+    tune_steps: int = 0
 
     def __post_init__(self) -> None:
         # Fail at import time rather than deep inside LlamaConfig.
@@ -63,6 +66,8 @@ class ModelPreset:
             raise ValueError(f"{self.name}: copy_layers must be fewer than num_layers")
         if self.copy_steps and (self.init_from or not self.train_steps):
             raise ValueError(f"{self.name}: a copy phase comes before training from scratch")
+        if self.tune_steps and not self.copy_steps:
+            raise ValueError(f"{self.name}: a tune keeps a copy phase's copying; it has none")
 
     @property
     def parameter_count(self) -> int:
@@ -133,8 +138,10 @@ PRESETS: dict[str, ModelPreset] = {
             learning_rate=2e-3,
             warmup_steps=30,
             copy_steps=4000,
-            description="benchmarks and speculation's target: ~30M parameters, a copy phase "
-            "then ~35 min on CPU from tiny's corpus and tokenizer (built only when asked for)",
+            tune_steps=100,
+            description="benchmarks and speculation's target: ~30M parameters, a copy phase, "
+            "~35 min on CPU from tiny's corpus and tokenizer, then a copy tune (built only "
+            "when asked for)",
         ),
         ModelPreset(
             name="llama-1b",

@@ -24,7 +24,15 @@ from services.model.build import (
 )
 from services.model.chat import render_chat
 from services.model.presets import PRESETS
-from services.model.train import COPY_RUN, copy_batch, graft, make_model, train, train_copy
+from services.model.train import (
+    COPY_RUN,
+    copy_batch,
+    corpus_copy_batch,
+    graft,
+    make_model,
+    train,
+    train_copy,
+)
 
 MULTIBYTE = "Héllo wörld: café, 中文 and an emoji 😀 — tabs\tand  spaces.\n"
 
@@ -304,6 +312,52 @@ def test_copy_rows_beside_the_corpus_leave_its_order_and_its_loss_figures() -> N
     ]
     assert runs[0].losses[0] == pytest.approx(runs[1].losses[0], rel=1e-6)
     assert runs[0].losses[1:] != runs[1].losses[1:]
+
+
+def test_corpus_copy_rows_repeat_or_quote_a_run_of_corpus_tokens() -> None:
+    """The tune's rows hold only corpus tokens; the first half repeat a run to the end (as
+    ``copy_batch``'s), the rest quote one run once, from earlier in the row, and mark only
+    the quote's positions after its first token."""
+    data = torch.randint(100, 200, (40, 128), generator=torch.Generator().manual_seed(4))
+    rows, known = corpus_copy_batch(torch.Generator().manual_seed(0), data, 8)
+    assert rows.shape == known.shape == (8, 128)
+    assert 100 <= int(rows.min()) and int(rows.max()) < 200
+    for i, (row, marks) in enumerate(zip(rows.tolist(), known.tolist(), strict=True)):
+        first = marks.index(True)
+        last = len(marks) - 1 - marks[::-1].index(True)
+        assert all(marks[first : last + 1]) and not any(marks[:first])
+        if i < 4:
+            assert last == 126
+            assert any(
+                all(row[p] == row[p - n] for p in range(first, 128))
+                for n in range(COPY_RUN[0], COPY_RUN[1] + 1)
+            ), row
+            continue
+        length = last - first + 2  # the quote's tokens: the marked ones and the next
+        assert COPY_RUN[0] <= length <= 48
+        quote = row[first : first + length]
+        assert any(row[s : s + length] == quote for s in range(first - length + 1)), row
+
+
+def test_a_copy_tune_follows_the_corpus_and_is_part_of_the_recipe(
+    built: Built, tmp_path: Path
+) -> None:
+    micro = PRESETS["micro"]
+    tuned = dataclasses.replace(micro, name="micro-tune", copy_steps=3, tune_steps=4)
+    info = model_build.build_model(tuned, tmp_path / "m", log=lambda _: None)
+    assert info["tune_steps"] == 4 and "tune_s" in info["timings"]
+    assert info["tune_final_loss"] > 0 and 0 <= info["copied_after_tune"] <= 1
+    assert is_ready(tmp_path / "m", tuned)
+    assert not is_ready(tmp_path / "m", dataclasses.replace(tuned, tune_steps=5))
+    assert not is_ready(tmp_path / "m", dataclasses.replace(tuned, tune_steps=0))
+    # A build from before tunes were recorded had none.
+    plain = read_build_info(built.folder)
+    del plain["tune_steps"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / INFO_FILE).write_text(json.dumps(plain), encoding="utf-8")
+    assert is_ready(tmp_path / "old", micro)
+    with pytest.raises(ValueError, match="copy phase"):
+        dataclasses.replace(micro, tune_steps=3)
 
 
 def test_a_distilled_build_is_stale_once_its_teachers_recipe_changes(
