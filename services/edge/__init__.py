@@ -28,7 +28,8 @@ queues exceed ``TW_MAX_QUEUED_REQUESTS`` (``load.py``) → 429 from per-key toke
 (``ratelimit.py``) → the owner recorded, the stream subscribed and the request published
 to Kafka, all at once. While Redis or Kafka is away new requests get 503 with
 ``Retry-After`` (``health.py``) and running streams wait it out. Bodies over
-``TW_MAX_BODY_BYTES`` get 413 (``middleware.py``). Errors are OpenAI error JSON.
+``TW_MAX_BODY_BYTES`` get 413 (``middleware.py``), as does a request larger than a Kafka
+record (``submit.py``). Errors are OpenAI error JSON.
 
 ``python -m services.bench.edge_bench`` measures relay throughput and added latency.
 """

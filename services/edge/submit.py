@@ -1,7 +1,7 @@
 """Admission: from a validated OpenAI body to a request on the requests topic.
 
 Checks run cheapest first and each refusal carries its status: unknown model or a prompt
-that does not fit the context (400), Redis away (503 ``stream_unavailable``), batchers
+that does not fit the context (400), a request larger than a Kafka record (413), Redis away (503 ``stream_unavailable``), batchers
 over their queue limit (503), the key's token buckets (429). Then the owner is recorded
 (resume and cancel are tenant-scoped) and the request is published, keyed by its id;
 Kafka away is a 503 ``queue_unavailable``.
@@ -37,6 +37,7 @@ from services.edge.retrieval import admit_retrieval
 from services.edge.shapes import Shape, created_of, new_request_id
 from services.edge.state import EdgeState
 from shared.codec import encode
+from shared.kafka_io import too_large
 from shared.messages import CacheMode, CacheResult, GenerateRequest
 from shared.retry import REDIS_DOWN
 
@@ -75,6 +76,16 @@ async def admit(
         )
         limits.append(max_tokens)
         cost += (prompt_tokens + max_tokens) * body.n
+    rid = new_request_id(chat, time.time())
+    try:
+        reqs = body.to_requests(
+            rid, who.tenant, limits, unfollowed_grace_s=st.settings.unfollowed_grace_s
+        )
+    except ValidationError as exc:
+        raise bad_request(f"invalid request: {exc.errors()[0]['msg']}") from None
+    for req in reqs:
+        if (why := too_large(len(encode(req)))) is not None:
+            raise ApiError(413, why, code="request_too_large", param="prompt")
     st.health.check()
     _shed(st)
     with st.health.guard("rate limit"):
@@ -98,13 +109,6 @@ async def admit(
             "rate limit reached for this API key; retry after the time in Retry-After",
             verdict.retry_after_s,
         )
-    rid = new_request_id(chat, time.time())
-    try:
-        reqs = body.to_requests(
-            rid, who.tenant, limits, unfollowed_grace_s=st.settings.unfollowed_grace_s
-        )
-    except ValidationError as exc:
-        raise bad_request(f"invalid request: {exc.errors()[0]['msg']}") from None
     return rid, reqs
 
 

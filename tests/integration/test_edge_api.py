@@ -5,6 +5,8 @@ load shedding, validation, WebSocket, and a schemathesis run against the OpenAPI
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import time
 import uuid
 import weakref
@@ -48,9 +50,10 @@ class Edges:
 
 
 @pytest.fixture(scope="module")
-async def edges(stack: Stack) -> AsyncIterator[Edges]:
+async def edges(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edges]:
     """Extra edges on the module's stack: ``a`` and ``b`` require keys, ``limited`` has
-    tight rate limits, ``fuzz`` no rate limits and a small max_tokens."""
+    tight rate limits, ``fuzz`` no rate limits and a small max_tokens, ``vast`` a context
+    and a body limit larger than a Kafka record."""
     keyed = {"TW_AUTH": "required", "TW_API_KEYS": KEYS_ENV, "TW_LOAD_REFRESH_S": "0.2"}
     stack.start("edge", name="a", **keyed)
     stack.start("edge", name="b", **keyed, TW_KEEPALIVE_S="0.3")
@@ -69,6 +72,23 @@ async def edges(stack: Stack) -> AsyncIterator[Edges]:
         TW_RATE_TOKENS_PER_MIN="0",
         TW_MAX_TOKENS_LIMIT="8",
         TW_MAX_BODY_BYTES="65536",
+    )
+    # A model whose context holds more tokens than a Kafka record, and a body limit above
+    # a record's size: the edge's own checks pass a request that cannot go on the bus.
+    vast = tmp_path_factory.mktemp("vast-context")
+    served = Path(stack.env["TW_MODEL_DIR"])
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(served / name, vast / name)
+    config = json.loads((served / "config.json").read_text())
+    config["max_position_embeddings"] = 10_000_000
+    (vast / "config.json").write_text(json.dumps(config))
+    stack.start(
+        "edge",
+        name="vast",
+        **keyed,
+        TW_MODEL_DIR=str(vast),
+        TW_MAX_BODY_BYTES="16000000",
+        TW_RATE_TOKENS_PER_MIN="0",
     )
     client = aioredis.Redis.from_url(stack.env["TW_REDIS_URL"])
     await client.hset(stack.names.api_keys, hash_key(GAMMA), "gamma")  # a key kept in Redis
@@ -613,6 +633,22 @@ async def test_an_unknown_model_is_404_and_each_model_can_be_read(edges: Edges) 
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
         meta = {**body, "model": MODEL, "user": "u", "metadata": {"k": "v"}, "temperature": None}
         ok = await http.post("/v1/completions", json=meta, headers=auth(ACME))
+        assert ok.status_code == 200, ok.text
+
+
+async def test_a_request_larger_than_a_kafka_record_gets_413(edges: Edges) -> None:
+    """A body the edge accepts can still hold a request no Kafka record holds (4 MiB): a
+    prompt of 1.5M three-byte characters under a 16 MB body limit, within a 10M-token
+    context. It is refused as too large, not as Kafka being away."""
+    body = {"model": MODEL, "prompt": "中" * 1_500_000, "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=edges.url("vast"), timeout=60) as http:
+        r = await http.post("/v1/completions", json=body, headers=auth(ACME))
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "request_too_large"
+        assert "Kafka record" in r.json()["error"]["message"]
+        ok = await http.post(
+            "/v1/completions", json={**body, "prompt": "hello"}, headers=auth(ACME)
+        )
         assert ok.status_code == 200, ok.text
 
 
