@@ -242,15 +242,20 @@ def copy_batch(
     known = torch.zeros(batch, seq_len, dtype=torch.bool)
     lengths = torch.randint(COPY_RUN[0], COPY_RUN[1] + 1, (batch,), generator=generator)
     starts = torch.randint(0, 9, (batch,), generator=generator)
-    positions = torch.arange(seq_len)
     for i in range(batch):
-        start, length = int(starts[i]), int(lengths[i])
-        repeat = positions >= start + length
-        rows[i, repeat] = rows[i, start + (positions[repeat] - start) % length]
-        # Position p predicts token p + 1, known once the repeat has begun (the run's
-        # length shows only when its first token comes again).
-        known[i, :-1] = positions[:-1] >= start + length
+        _repeat_to_end(rows[i], known[i], int(starts[i]), int(lengths[i]))
     return rows, known
+
+
+def _repeat_to_end(row: torch.Tensor, known: torch.Tensor, start: int, length: int) -> None:
+    """Make the ``length`` tokens of ``row`` from ``start`` repeat to its end, in place, and
+    mark in ``known`` the positions whose next token copying predicts: position p predicts
+    token p + 1, known once the repeat has begun (the run's length shows only when its
+    first token comes again)."""
+    positions = torch.arange(row.numel())
+    repeat = positions >= start + length
+    row[repeat] = row[start + (positions[repeat] - start) % length]
+    known[:-1] = positions[:-1] >= start + length
 
 
 def copy_loss(
@@ -360,15 +365,12 @@ def corpus_copy_batch(
     seq_len = data.size(1)
     rows = data[torch.randint(0, data.size(0), (batch,), generator=generator)].clone()
     known = torch.zeros(batch, seq_len, dtype=torch.bool)
-    positions = torch.arange(seq_len)
     for i in range(batch):
         rows[i] = rows[i, torch.randperm(seq_len, generator=generator)]
         if i < batch // 2:
             length = int(torch.randint(COPY_RUN[0], COPY_RUN[1] + 1, (1,), generator=generator))
             start = int(torch.randint(0, 9, (1,), generator=generator))
-            repeat = positions >= start + length
-            rows[i, repeat] = rows[i, start + (positions[repeat] - start) % length]
-            known[i, :-1] = positions[:-1] >= start + length
+            _repeat_to_end(rows[i], known[i], start, length)
             continue
         longest = min(TUNE_QUOTE, seq_len // 2)
         length = int(torch.randint(COPY_RUN[0], longest + 1, (1,), generator=generator))
