@@ -49,7 +49,8 @@ def default_cache_dir() -> Path:
 def recipe(spec: ModelPreset) -> dict[str, Any]:
     """What of ``spec``'s recipe a build records, beyond its sizes, to be matched before
     the build is reused: its step counts and, for a distilled preset, its teacher's
-    recipe (a draft distilled from another build of the teacher guesses for that one)."""
+    recipe (a draft distilled from another build of the teacher guesses for that one), for
+    a tune its base's."""
     fields: dict[str, Any] = {
         "train_steps": spec.train_steps,
         "copy_step_limit": spec.copy_steps,
@@ -57,6 +58,8 @@ def recipe(spec: ModelPreset) -> dict[str, Any]:
     }
     if spec.distill_from:
         fields["teacher"] = recipe(get_preset(spec.distill_from))
+    elif spec.init_from:  # a tune of that build
+        fields["base"] = recipe(get_preset(spec.init_from))
     return fields
 
 
@@ -67,10 +70,23 @@ def is_ready(folder: Path, spec: ModelPreset | None = None) -> bool:
         return False
     if spec is None:
         return True
-    info = read_build_info(folder)
-    info.setdefault("copy_step_limit", 0)  # builds from before copy phases had none
-    info.setdefault("tune_steps", 0)  # nor from before copy tunes
-    return all(info.get(key) == value for key, value in recipe(spec).items())
+    return _matches(read_build_info(folder), recipe(spec))
+
+
+# Recipe fields that builds from before them lack, with the value those builds had.
+_NEWER_FIELDS = {"copy_step_limit": 0, "tune_steps": 0}
+
+
+def _matches(info: dict[str, Any], fields: dict[str, Any]) -> bool:
+    """Whether a build's recorded ``info`` has the recipe ``fields`` (nested: a teacher's)."""
+    for key, value in fields.items():
+        had = info.get(key, _NEWER_FIELDS.get(key))
+        if isinstance(value, dict):
+            if not (isinstance(had, dict) and _matches(had, value)):
+                return False
+        elif had != value:
+            return False
+    return True
 
 
 def read_build_info(folder: Path) -> dict[str, Any]:
@@ -189,7 +205,7 @@ def _build(
     spec: ModelPreset, out_dir: Path, log: Callable[[str], None], cache_dir: Path
 ) -> dict[str, Any]:
     from services.model.corpus import build_corpus
-    from services.model.train import make_model, parameter_count
+    from services.model.train import make_model, pack_documents, parameter_count
 
     started = time.perf_counter()
     timings: dict[str, float] = {}
@@ -224,13 +240,24 @@ def _build(
     teacher = None
     if spec.distill_from:
         teacher = _relative(spec.distill_from, tokenizer, cache_dir, log)
-        if spec.init_from:
-            model.load_state_dict(_relative(spec.init_from, tokenizer, cache_dir, log).state_dict())
-        info.update(distilled_from=spec.distill_from, initialized_from=spec.init_from or None)
+    if spec.init_from:
+        model.load_state_dict(_relative(spec.init_from, tokenizer, cache_dir, log).state_dict())
+    if spec.distill_from or spec.init_from:
+        info.update(
+            distilled_from=spec.distill_from or None, initialized_from=spec.init_from or None
+        )
+    data = None
+    if spec.trained or spec.tune_steps:
+        mark = time.perf_counter()
+        data = pack_documents(docs, backend, spec.seq_len, eot_id)
+        timings["pack_s"] = time.perf_counter() - mark
+        info["corpus_tokens"] = data.numel()
     if spec.trained:
-        info.update(_train(spec, model, docs, backend, eot_id, log, timings, teacher))
+        info.update(_train(spec, model, data, log, timings, teacher))
+    if spec.tune_steps:
+        info.update(_tune(spec, model, data, log, timings))
 
-    if spec.trained:  # a random model's samples say nothing (and cost minutes at 1B)
+    if spec.trained or spec.tune_steps:  # a random model's samples say nothing
         mark = time.perf_counter()
         info["samples"] = _samples(model, tokenizer, spec.seed)
         timings["sample_s"] = time.perf_counter() - mark
@@ -310,26 +337,15 @@ def _copy_phase(
 def _train(
     spec: ModelPreset,
     model: Any,
-    docs: list[str],
-    backend: Any,
-    eot_id: int,
+    data: Any,
     log: Callable[[str], None],
     timings: dict[str, float],
     teacher: Any = None,
 ) -> dict[str, Any]:
-    """Train ``model`` on the packed corpus (on ``teacher``'s distributions, when given);
-    the build info's training fields."""
-    from services.model.train import (
-        COPY_KEEP_ROWS,
-        available_cpus,
-        pack_documents,
-        train,
-        train_tune,
-    )
+    """Train ``model`` on the packed corpus ``data`` (on ``teacher``'s distributions, when
+    given); the build info's training fields."""
+    from services.model.train import COPY_KEEP_ROWS, available_cpus, train
 
-    mark = time.perf_counter()
-    data = pack_documents(docs, backend, spec.seq_len, eot_id)
-    timings["pack_s"] = time.perf_counter() - mark
     threads = available_cpus()
     log(
         f"[model] {spec.name}: training {spec.train_steps} steps on {data.numel():,} tokens, "
@@ -340,23 +356,33 @@ def _train(
     timings["train_s"] = result.seconds
     log(f"[model] {spec.name}: final loss {result.final_loss:.3f} in {result.seconds:.1f}s")
     info: dict[str, Any] = {
-        "corpus_tokens": data.numel(),
         "train_threads": threads,
         "first_loss": result.losses[0],
         "final_loss": result.final_loss,
     }
     if result.copied:
         info["copied_after_training"] = result.final_copied
-    if spec.tune_steps:
-        log(f"[model] {spec.name}: copy tune, {spec.tune_steps} steps")
-        tuned = train_tune(model, data, spec, log, threads=threads)
-        timings["tune_s"] = tuned.seconds
-        info.update(tune_final_loss=tuned.final_loss, copied_after_tune=tuned.final_copied)
-        log(
-            f"[model] {spec.name}: tune done, loss {tuned.final_loss:.3f}, "
-            f"{tuned.final_copied or 0:.0%} of its copy rows copied"
-        )
     return info
+
+
+def _tune(
+    spec: ModelPreset,
+    model: Any,
+    data: Any,
+    log: Callable[[str], None],
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """Tune ``model`` to copy runs of the corpus's words; the build info's tune fields."""
+    from services.model.train import train_tune
+
+    log(f"[model] {spec.name}: copy tune, {spec.tune_steps} steps")
+    tuned = train_tune(model, data, spec, log)
+    timings["tune_s"] = tuned.seconds
+    log(
+        f"[model] {spec.name}: tune done, loss {tuned.final_loss:.3f}, "
+        f"{tuned.final_copied or 0:.0%} of its copy rows copied"
+    )
+    return {"tune_final_loss": tuned.final_loss, "copied_after_tune": tuned.final_copied}
 
 
 def _save(model: Any, tokenizer: Any, out_dir: Path) -> None:

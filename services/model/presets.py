@@ -39,6 +39,7 @@ class ModelPreset:
     # Distillation: learn the next-token distributions of the preset ``distill_from`` (its
     # teacher, same tokenizer) instead of the corpus' tokens, starting from the weights of
     # the preset ``init_from`` (same sizes) or from random ones. Both are built if missing.
+    # A preset with ``init_from`` and a tune alone tunes that build (``tune_steps``).
     distill_from: str = ""
     init_from: str = ""
     # Copying first: a model of these widths and ``copy_layers`` layers learns to continue
@@ -46,8 +47,8 @@ class ModelPreset:
     # becomes the first layers of this one before the corpus (``train.graft``).
     copy_steps: int = 0
     copy_layers: int = 2
-    # After the corpus, ``tune_steps`` steps of it with copy rows of its own tokens beside
-    # each batch (``train.train_tune``): copying carried over to real words.
+    # Last, ``tune_steps`` steps of the corpus with copy rows of its own tokens beside each
+    # batch (``train.train_tune``): copying carried over to real words.
     tune_steps: int = 0
 
     def __post_init__(self) -> None:
@@ -58,16 +59,16 @@ class ModelPreset:
             raise ValueError(f"{self.name}: num_heads must be a multiple of num_kv_heads")
         if self.train_steps and self.warmup_steps >= self.train_steps:
             raise ValueError(f"{self.name}: warmup_steps must be below train_steps")
-        if self.init_from and not self.distill_from:
-            raise ValueError(f"{self.name}: init_from is for distillation (distill_from)")
+        if self.init_from and not (self.distill_from or self.tune_steps):
+            raise ValueError(f"{self.name}: init_from is for distillation or a tune")
         if self.distill_from and not self.train_steps:
             raise ValueError(f"{self.name}: distillation needs train_steps")
         if self.copy_steps and not 0 < self.copy_layers < self.num_layers:
             raise ValueError(f"{self.name}: copy_layers must be fewer than num_layers")
         if self.copy_steps and (self.init_from or not self.train_steps):
             raise ValueError(f"{self.name}: a copy phase comes before training from scratch")
-        if self.tune_steps and not self.copy_steps:
-            raise ValueError(f"{self.name}: a tune keeps a copy phase's copying; it has none")
+        if self.tune_steps and not (self.copy_steps or self.init_from):
+            raise ValueError(f"{self.name}: a tune needs a copy phase, here or in init_from")
 
     @property
     def parameter_count(self) -> int:
@@ -101,6 +102,26 @@ _TINY = ModelPreset(
     description="default demo model: ~1.7M parameters, trained ~2 min on CPU",
 )
 
+_SMALL = ModelPreset(
+    name="small",
+    hidden_size=512,
+    num_layers=10,
+    num_heads=8,
+    num_kv_heads=2,
+    intermediate_size=1408,
+    vocab_size=4096,
+    max_positions=2048,
+    train_steps=600,
+    train_seconds=2000.0,  # the corpus with its copy rows; the copy phase ~1,300 more
+    batch_size=16,
+    seq_len=128,
+    learning_rate=2e-3,
+    warmup_steps=30,
+    copy_steps=4000,
+    description="benchmarks and speculation's target: ~30M parameters, a copy phase "
+    "then ~35 min on CPU from tiny's corpus and tokenizer (built only when asked for)",
+)
+
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in (
@@ -122,26 +143,17 @@ PRESETS: dict[str, ModelPreset] = {
             description="unit tests: a few hundred K parameters, builds in seconds",
         ),
         _TINY,
-        ModelPreset(
-            name="small",
-            hidden_size=512,
-            num_layers=10,
-            num_heads=8,
-            num_kv_heads=2,
-            intermediate_size=1408,
-            vocab_size=4096,
-            max_positions=2048,
-            train_steps=600,
-            train_seconds=2000.0,  # the corpus with its copy rows; the copy phase ~1,300 more
-            batch_size=16,
-            seq_len=128,
-            learning_rate=2e-3,
-            warmup_steps=30,
-            copy_steps=4000,
+        _SMALL,
+        replace(
+            _SMALL,
+            name="small-copy",
+            train_steps=0,
+            train_seconds=420.0,
+            copy_steps=0,
+            init_from="small",
             tune_steps=100,
-            description="benchmarks and speculation's target: ~30M parameters, a copy phase, "
-            "~35 min on CPU from tiny's corpus and tokenizer, then a copy tune (built only "
-            "when asked for)",
+            description="small tuned 100 steps more to copy runs of real words: n-gram "
+            "speculation's model, at some cost in corpus loss (built only when asked for)",
         ),
         ModelPreset(
             name="llama-1b",

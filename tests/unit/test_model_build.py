@@ -229,7 +229,7 @@ def test_a_distilled_preset_needs_training_and_a_teacher() -> None:
     micro = PRESETS["micro"]
     with pytest.raises(ValueError, match="needs train_steps"):
         dataclasses.replace(micro, train_steps=0, distill_from="micro")
-    with pytest.raises(ValueError, match="init_from is for distillation"):
+    with pytest.raises(ValueError, match="init_from is for distillation or a tune"):
         dataclasses.replace(micro, init_from="micro")
     draft, tiny = PRESETS["small-draft"], PRESETS["tiny"]
     assert (draft.distill_from, draft.init_from) == ("small", "tiny")
@@ -358,6 +358,33 @@ def test_a_copy_tune_follows_the_corpus_and_is_part_of_the_recipe(
     assert is_ready(tmp_path / "old", micro)
     with pytest.raises(ValueError, match="copy phase"):
         dataclasses.replace(micro, tune_steps=3)
+
+
+def test_a_tune_of_a_built_preset_starts_from_its_weights_and_records_its_recipe(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """small-copy's shape: no training of its own, the base's weights tuned. The tune
+    moves them, and a change to the base's recipe makes the tuned build stale."""
+    tuned = dataclasses.replace(
+        PRESETS["micro"], name="micro-tuned", train_steps=0, init_from="micro", tune_steps=3
+    )
+    info = model_build.build_model(tuned, tmp_path / "m", log=lambda _: None, cache_dir=built.cache)
+    assert info["base"] == model_build.recipe(PRESETS["micro"])
+    assert info["initialized_from"] == "micro" and "train_s" not in info["timings"]
+    assert "tune_s" in info["timings"] and info["samples"]["greedy"]
+    base = load_file(built.folder / "model.safetensors")
+    ours = load_file(tmp_path / "m" / "model.safetensors")
+    assert base.keys() == ours.keys()
+    assert not torch.equal(
+        base["model.layers.0.self_attn.q_proj.weight"],
+        ours["model.layers.0.self_attn.q_proj.weight"],
+    )
+    assert is_ready(tmp_path / "m", tuned)
+    monkeypatch.setitem(PRESETS, "micro", dataclasses.replace(PRESETS["micro"], train_steps=21))
+    assert not is_ready(tmp_path / "m", tuned)
+    small_copy = PRESETS["small-copy"]
+    assert (small_copy.init_from, small_copy.trained) == ("small", False)
+    assert small_copy.parameter_count == PRESETS["small"].parameter_count
 
 
 def test_a_distilled_build_is_stale_once_its_teachers_recipe_changes(
