@@ -350,7 +350,7 @@ def graft(shallow: LlamaForCausalLM, model: LlamaForCausalLM) -> None:
 
 
 # The tune (``train_tune``): after the corpus, copy rows made of corpus tokens beside it.
-TUNE_LEARNING_RATE = 5e-4  # constant; a quarter of small's peak, where the corpus settled
+TUNE_LEARNING_RATE = 5e-4  # constant: a quarter of small's peak learning rate
 TUNE_ROWS = 8  # half of them repeat a run to the end, half quote one once, farther back
 TUNE_QUOTE = 48  # longest quoted run (at most half a row)
 
