@@ -3,9 +3,8 @@
 Checks run cheapest first and each refusal carries its status: unknown model or a prompt
 that does not fit the context (400), a request larger than a Kafka record (413), Redis
 away (503 ``stream_unavailable``), batchers over their queue limit (503), the key's token
-buckets (429). Then the owner is recorded
-(resume and cancel are tenant-scoped) and the request is published, keyed by its id;
-Kafka away is a 503 ``queue_unavailable``.
+buckets (429). Then the owner is recorded (resume and cancel are tenant-scoped) and the
+request is published, keyed by its id; Kafka away is a 503 ``queue_unavailable``.
 """
 
 from __future__ import annotations
