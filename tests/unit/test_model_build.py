@@ -242,14 +242,18 @@ def test_copy_rows_repeat_a_run_and_mark_what_copying_predicts() -> None:
     rows, known = copy_batch(torch.Generator().manual_seed(0), 16, 128, 1024)
     assert rows.shape == known.shape == (16, 128) and int(rows.min()) >= 1
     for row, marks in zip(rows.tolist(), known.tolist(), strict=True):
-        first = marks.index(True)  # where the repeat begins: the run's start plus length
-        assert all(marks[first:-1]) and not marks[-1] and not any(marks[:first])
-        periods = [
-            n
-            for n in range(COPY_RUN[0], COPY_RUN[1] + 1)
-            if 0 <= first - n <= 8 and all(row[p] == row[p - n] for p in range(first, 128))
-        ]
-        assert periods, row
+        _assert_repeats_to_end(row, marks)
+
+
+def _assert_repeats_to_end(row: list[int], marks: list[bool]) -> None:
+    first = marks.index(True)  # where the repeat begins: the run's start plus length
+    assert all(marks[first:-1]) and not marks[-1] and not any(marks[:first])
+    periods = [
+        n
+        for n in range(COPY_RUN[0], COPY_RUN[1] + 1)
+        if 0 <= first - n <= 8 and all(row[p] == row[p - n] for p in range(first, len(row)))
+    ]
+    assert periods, row
 
 
 def test_a_grafted_model_starts_as_its_shallow_model() -> None:
@@ -323,16 +327,12 @@ def test_corpus_copy_rows_repeat_or_quote_a_run_of_corpus_tokens() -> None:
     assert rows.shape == known.shape == (8, 128)
     assert 100 <= int(rows.min()) and int(rows.max()) < 200
     for i, (row, marks) in enumerate(zip(rows.tolist(), known.tolist(), strict=True)):
+        if i < 4:
+            _assert_repeats_to_end(row, marks)
+            continue
         first = marks.index(True)
         last = len(marks) - 1 - marks[::-1].index(True)
         assert all(marks[first : last + 1]) and not any(marks[:first])
-        if i < 4:
-            assert last == 126
-            assert any(
-                all(row[p] == row[p - n] for p in range(first, 128))
-                for n in range(COPY_RUN[0], COPY_RUN[1] + 1)
-            ), row
-            continue
         length = last - first + 2  # the quote's tokens: the marked ones and the next
         assert COPY_RUN[0] <= length <= 48
         quote = row[first : first + length]
