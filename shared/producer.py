@@ -85,8 +85,9 @@ class Producer:
         """Publish one request (its seed fixed now) once Kafka has it durably; returns its id.
         A Kafka outage is waited out (the send is tried again with backoff, however long it
         lasts; wrap the call in a timeout to give up sooner), so a long job survives a broker
-        restart. A send that expired may have reached Kafka all the same: the request can
-        then run twice, under one id (a consumer keeps the first completion)."""
+        restart. A send that expired may have reached Kafka all the same: the request then
+        arrives twice under one id, and the worker generates it once (its claim, the replay
+        log's final event and the done marker turn the copy away)."""
         assert self._producer is not None, "use `async with Producer(...)`"
         req = req.with_seed()
         if req.reply.kafka_topic is None:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from services.bench.prometheus import scrape
 from services.bench.servers import Server
 from services.worker.claims import POISON_ATTEMPTS
 from shared import token_stream
@@ -196,6 +197,61 @@ async def test_a_completion_acknowledged_before_a_crash_is_not_sent_again(bare: 
         await redis.aclose()
     raw = await read_topic(boot, st.names.completions, lambda vs: len(vs) > len(first), 3)
     assert [decode(Completion, v).request_id for v in raw] == [rid], "one completion"
+
+
+async def test_a_request_sent_more_than_once_is_generated_once(bare: Stack) -> None:
+    """A producer whose send expired in an outage sends the request again, and Kafka may
+    hold both copies. Here it arrives four times under one id: twice back to back through
+    the batcher, once straight to the worker while it runs, once after it finished. The
+    worker generates it once: one completion, one stream in the replay log, and its
+    counters show one request's tokens."""
+    st = bare
+    st.start("worker")
+    st.start("batcher")
+    await st.wait_ready()
+    new = 24
+    [req] = greedy_requests(1, new, seed=15, reply_topic=st.names.completions)
+    rid, boot = req.request_id, st.env["TW_KAFKA_BOOTSTRAP"]
+    metrics = f"http://127.0.0.1:{st.metrics_ports['worker']}/metrics"
+    before = await scrape(metrics)
+    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    try:
+        await produce(boot, st.names.requests, [encode(req), encode(req)])
+        for _ in range(600):  # running: its first tokens are in the replay log
+            events = await token_stream.read_log(redis, st.names, rid)
+            if events:
+                break
+            st.check_alive()
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"{rid} never started\n{st.logs()}")
+        assert not events[-1].final, "finished before the copy sent while it runs"
+        await produce(boot, st.names.batches, [encode(Batch(requests=[req]))])
+        events = await wait_final(redis, st, rid)
+        for _ in range(50):
+            if await redis.exists(st.names.done_marker(rid)):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no done marker")
+        await produce(boot, st.names.requests, [encode(req)])
+        await asyncio.sleep(3)  # room for a late copy to run
+        st.check_alive()
+        assert await token_stream.read_log(redis, st.names, rid) == events
+    finally:
+        await redis.aclose()
+    assert [e.seq for e in events] == list(range(len(events)))
+    tokens = [t for e in events for t in e.token_ids]
+    assert len(tokens) == new
+    raw = await read_topic(boot, st.names.completions, lambda vs: len(vs) > 1, 3)
+    assert [decode(Completion, v).token_ids for v in raw] == [tokens], "one completion"
+    after = await scrape(metrics)
+    generated = after["tw_generation_tokens_total"] - before.get("tw_generation_tokens_total", 0)
+    assert generated == new, "generated once"
+    finished = sum(v for k, v in after.items() if k.startswith("tw_requests_finished_total"))
+    assert finished - sum(
+        v for k, v in before.items() if k.startswith("tw_requests_finished_total")
+    ) == 1
 
 
 async def test_a_poison_is_quarantined_and_the_rest_of_its_batch_is_served(bare: Stack) -> None:
