@@ -248,10 +248,11 @@ async def test_a_request_sent_more_than_once_is_generated_once(bare: Stack) -> N
     after = await scrape(metrics)
     generated = after["tw_generation_tokens_total"] - before.get("tw_generation_tokens_total", 0)
     assert generated == new, "generated once"
-    finished = sum(v for k, v in after.items() if k.startswith("tw_requests_finished_total"))
-    assert finished - sum(
-        v for k, v in before.items() if k.startswith("tw_requests_finished_total")
-    ) == 1
+
+    def finished(samples: dict[str, float]) -> float:
+        return sum(v for k, v in samples.items() if k.startswith("tw_requests_finished_total"))
+
+    assert finished(after) - finished(before) == 1
 
 
 async def test_a_poison_is_quarantined_and_the_rest_of_its_batch_is_served(bare: Stack) -> None:
