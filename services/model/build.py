@@ -247,7 +247,7 @@ def _build(
             distilled_from=spec.distill_from or None, initialized_from=spec.init_from or None
         )
     data = None
-    if spec.trained or spec.tune_steps:
+    if not spec.random_weights:
         mark = time.perf_counter()
         data = pack_documents(docs, backend, spec.seq_len, eot_id)
         timings["pack_s"] = time.perf_counter() - mark
@@ -257,7 +257,7 @@ def _build(
     if spec.tune_steps:
         info.update(_tune(spec, model, data, log, timings))
 
-    if spec.trained or spec.tune_steps:  # a random model's samples say nothing
+    if not spec.random_weights:  # a random model's samples say nothing
         mark = time.perf_counter()
         info["samples"] = _samples(model, tokenizer, spec.seed)
         timings["sample_s"] = time.perf_counter() - mark

@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 class ModelPreset:
     """Everything that determines one model build.
 
-    ``train_steps == 0`` means random weights only (a benchmark model). ``train_seconds``
-    is the wall time the step count was sized for on a 2-core CPU; it is informational.
+    No training and no tune (``random_weights``) leaves the weights random (a benchmark
+    model); a tune alone starts from the weights of ``init_from``. ``train_seconds`` is the
+    wall time the step count was sized for on a 2-core CPU; it is informational.
     """
 
     name: str
@@ -81,8 +82,13 @@ class ModelPreset:
 
     @property
     def trained(self) -> bool:
-        """Whether the build runs a training loop (otherwise weights stay random)."""
+        """Whether the build runs a training loop over the corpus (``train_steps``)."""
         return self.train_steps > 0
+
+    @property
+    def random_weights(self) -> bool:
+        """Whether the build leaves its weights random: no training and no tune."""
+        return not (self.trained or self.tune_steps)
 
 
 _TINY = ModelPreset(
