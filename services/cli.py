@@ -462,9 +462,19 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
     be.add_argument(
         "--only",
         nargs="+",
-        choices=["throughput", "prefix", "features", "speculation", "draft", "overhead", "int8"],
+        choices=[
+            "throughput",
+            "prefix",
+            "features",
+            "speculation",
+            "draft",
+            "overhead",
+            "int8",
+            "padding",
+        ],
         help="run the throughput rows and these parts only (default: every part; int8: "
-        "TW_QUANTIZE=int8 against full precision, on the CPU; draft: draft-model speculation)",
+        "TW_QUANTIZE=int8 against full precision, on the CPU; draft: draft-model speculation; "
+        "padding: a CPU's few-row products padded where faster, against unpadded)",
     )
     be.add_argument(
         "--draft-model",

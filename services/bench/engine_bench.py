@@ -32,7 +32,7 @@ from services.worker.engine.sampler import SamplingConfig
 from services.worker.engine.speculation import SpecConfig
 
 # The parts of the benchmark after the throughput rows, each skippable.
-SECTIONS = ("prefix", "features", "speculation", "draft", "overhead", "int8")
+SECTIONS = ("prefix", "features", "speculation", "draft", "overhead", "int8", "padding")
 
 
 @dataclass
@@ -73,6 +73,7 @@ class Report:
     draft: dict[str, Any] = field(default_factory=dict)
     overhead: dict[str, Any] = field(default_factory=dict)
     int8: dict[str, Any] = field(default_factory=dict)
+    padding: dict[str, Any] = field(default_factory=dict)
 
 
 def _prompts(
@@ -235,6 +236,9 @@ def run(
     if "int8" in cfg.sections and model.device.type == "cpu":
         rep.int8 = int8(model, tok, cfg, ecfg)
         print(json.dumps(rep.int8))
+    if "padding" in cfg.sections and model.device.type == "cpu":
+        rep.padding = padding(model, tok, cfg, ecfg)
+        print(json.dumps(rep.padding))
     print_table(rep)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -547,6 +551,40 @@ def int8(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str
     return out
 
 
+# Concurrencies of the padding figure: the few-row products that padding is for.
+PADDING_CONCURRENCIES = (2, 3, 4)
+
+
+def padding(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str, Any]:
+    """The engine with its products padded where the load measured that faster
+    (``pad_products``, the default) against unpadded, in rounds that alternate which runs
+    first, at 2, 3 and 4 requests at once; and the padding the load chose."""
+    rng = random.Random(cfg.seed + 4)
+    vocab = model.config.vocab_size
+    chosen = Engine(model, tok, ecfg).runner.padded_products
+    out: dict[str, Any] = {
+        "rounds": OVERHEAD_ROUNDS,
+        "padded": {str(m): n for m, n in chosen.items()},
+    }
+    for c in PADDING_CONCURRENCIES:
+        prompts = _prompts(c, cfg.prompt_len, vocab, rng)
+
+        def run(pad: bool, prompts: list[list[int]] = prompts) -> float:
+            return engine_run(model, tok, prompts, cfg.new_tokens, replace(ecfg, pad_products=pad))[
+                0
+            ]
+
+        on, off = _alternating(partial(run, True), partial(run, False))
+        ratios = [a / b for a, b in zip(on, off, strict=True)]
+        out[f"concurrency_{c}"] = {
+            "padded_tok_s": on,
+            "unpadded_tok_s": off,
+            "ratios": ratios,
+            "median_ratio": statistics.median(ratios),
+        }
+    return out
+
+
 def _greedy(model: Any, tok: Any, prompt: list[int], new: int, ecfg: EngineConfig) -> list[int]:
     engine = Engine(model, tok, ecfg)
     engine.add_request(EngineRequest("g", prompt, max_tokens=new, ignore_eos=True))
@@ -681,6 +719,11 @@ def print_table(rep: Report) -> None:
             )
     _print_rounds("engine vs generate", rep.overhead)
     _print_rounds("int8 weights vs full precision", rep.int8)
+    if rep.padding:
+        pads = rep.padding["padded"]
+        chose = ", ".join(f"{m} rows to {n}" for m, n in pads) or "none"
+        print(f"products padded (measured at load): {chose}")
+    _print_rounds("padded products vs unpadded", rep.padding)
     q8 = rep.int8
     if q8:
         print(

@@ -2,7 +2,9 @@
 plain Llama-family rows of the compatibility matrix, bit-identical to the model's own
 forward through the same runner over many steps of a changing batch (decodes, and
 speculation's verification rows with drafts kept in part and rolled back), and refused for
-anything else, including a model whose own forward differs from it in the last bit."""
+anything else, including a model whose own forward differs from it in the last bit.
+Products padded to more rows give the unpadded pass's tokens, and the padding is chosen
+from measured times."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from services.worker.engine.direct import direct_decoder
+from services.worker.engine.direct import PAD_ROWS, choose_padding, direct_decoder
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.loader import load_model
 from tests.tiny_models import VOCAB, build_tiny
@@ -102,8 +104,9 @@ def verify_logits(
 def assert_bit_identical(model: Any, vocab: int) -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (2, 9, 30, 17, 64)]
-    direct = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
-    plain = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
+    # Unpadded products: a padded one rounds as a product of its padded rows does.
+    direct = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK, pad_products=False)
+    plain = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK, pad_products=False)
     # Decoding runs directly everywhere. Verifying rows of several tokens runs directly where
     # the load probe finds it bit-identical on this CPU, else through the model's own
     # forward: either way over the same dense slots, in the same rows, and its logits must
@@ -150,3 +153,49 @@ def test_a_forward_that_differs_in_the_last_bit_is_not_replaced(lm: tuple[Any, A
         return torch.nextafter(logits, torch.full_like(logits, float("inf")))
 
     assert direct_decoder(model, nudged) is None
+
+
+@cpu_only
+def test_padded_products_give_the_unpadded_passs_tokens(lm: tuple[Any, Any]) -> None:
+    model = lm[0]
+    vocab = model.config.vocab_size
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (2, 9, 30, 17, 64)]
+    padded = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
+    unpadded = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK, pad_products=False)
+    assert padded._direct is not None and unpadded._direct is not None
+    assert unpadded._direct.pad == {}
+    # Every product of fewer rows than the most timed runs padded, whatever this CPU's
+    # times chose: a decode of 1 to 5 rows, a verification of up to 5 positions.
+    padded._direct.pad = {m: PAD_ROWS for m in range(1, PAD_ROWS)}
+    for run in (decode_logits, verify_logits):
+        for runner in (padded, unpadded):
+            runner.forget_rows()
+        ours = run(padded, prompts, 40, vocab)
+        theirs = run(unpadded, prompts, 40, vocab)
+        for a, b in zip(ours, theirs, strict=True):
+            assert torch.equal(a.argmax(-1), b.argmax(-1)), run.__name__
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+
+
+def test_a_product_is_padded_only_to_a_clearly_faster_row_count() -> None:
+    # Seconds per row count, as MKL on an AMD EPYC gave them for the small preset's layers.
+    times = {1: 0.0101, 2: 0.0159, 3: 0.0170, 4: 0.0142, 5: 0.0119, 6: 0.0117}
+    assert choose_padding(times) == {2: 6, 3: 6, 4: 6}
+    # One row's matrix-vector product is the fastest: never padded. Within 15%: left alone.
+    assert choose_padding({1: 1.0, 2: 1.1, 3: 1.0}) == {}
+    assert choose_padding({1: 1.0, 2: 1.2, 3: 1.0}) == {2: 3}
+    # Ties go to the fewest rows; a count with nothing larger keeps its own.
+    assert choose_padding({2: 2.0, 3: 1.0, 4: 1.0}) == {2: 3}
+    assert choose_padding({4: 1.0}) == {}
+
+
+@cpu_only
+def test_the_padding_is_measured_once_per_model(lm: tuple[Any, Any]) -> None:
+    model = lm[0]
+    first = ModelRunner(model, 8, BLOCK)
+    assert first._direct is not None
+    assert set(first._direct.pad) <= set(range(1, PAD_ROWS))
+    assert all(m < n <= PAD_ROWS for m, n in first._direct.pad.items())
+    again = ModelRunner(model, 8, BLOCK)
+    assert again._direct is not None and again._direct.pad is first._direct.pad

@@ -45,6 +45,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     speculation: SpecConfig = field(default_factory=SpecConfig)  # n-gram drafts (k 0: off)
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs, on a GPU
+    pad_products: bool = True  # a CPU's products of a few rows padded where faster (direct.py)
 
 
 @dataclass(slots=True)
@@ -158,6 +159,7 @@ class Engine:
             config.block_size,
             budget_bytes=config.kv_budget_bytes,
             cuda_graphs=config.cuda_graphs,
+            pad_products=config.pad_products,
         )
         num_blocks = self.runner.num_blocks
         # One KV manager per layer group (sliding layers hold only their window).

@@ -452,9 +452,12 @@ class ModelRunner:
         *,
         budget_bytes: int | None = None,
         cuda_graphs: bool = True,
+        pad_products: bool = True,
     ) -> None:
         """A pool of ``num_blocks`` blocks, or of as many as ``budget_bytes`` holds.
-        ``cuda_graphs``: replay decode steps from CUDA graphs on a GPU."""
+        ``cuda_graphs``: replay decode steps from CUDA graphs on a GPU. ``pad_products``:
+        pad a direct pass's products to more rows where that is measured faster
+        (``direct.py``)."""
         self.model = model
         self.block_size = block_size
         cfg = model.config
@@ -506,7 +509,9 @@ class ModelRunner:
             self._group_of, kv_heads, head_dim, block_size, limit, self.dtype, self.device
         )
         # Decode steps on the weights directly where that reproduces the model exactly.
-        self._direct = None if self._alibi is not None else direct_decoder(model, self._run)
+        self._direct = (
+            None if self._alibi is not None else direct_decoder(model, self._run, pad_products)
+        )
         use = cuda_graphs and self.device.type == "cuda"
         self._graphs = self.decode_graphs(replay=True) if use else None
 
@@ -515,6 +520,11 @@ class ModelRunner:
         same buffers, as on a CPU)."""
         fields = 3 + len(self.group_windows)  # ids, positions, offsets, blocks per group
         return DecodeGraphs(self._padded_pass, fields, self.device, replay=replay)
+
+    @property
+    def padded_products(self) -> dict[int, int]:
+        """The row counts whose products the direct pass pads, and to how many rows."""
+        return dict(self._direct.pad) if self._direct is not None else {}
 
     @property
     def graph_replays(self) -> int:
