@@ -562,10 +562,7 @@ def padding(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[
     rng = random.Random(cfg.seed + 4)
     vocab = model.config.vocab_size
     chosen = Engine(model, tok, ecfg).runner.padded_products
-    out: dict[str, Any] = {
-        "rounds": OVERHEAD_ROUNDS,
-        "padded": {str(m): n for m, n in chosen.items()},
-    }
+    out: dict[str, Any] = {"rounds": OVERHEAD_ROUNDS, "padded": sorted(chosen.items())}
     for c in PADDING_CONCURRENCIES:
         prompts = _prompts(c, cfg.prompt_len, vocab, rng)
 
