@@ -65,12 +65,33 @@ def recipe(spec: ModelPreset) -> dict[str, Any]:
 
 def is_ready(folder: Path, spec: ModelPreset | None = None) -> bool:
     """Whether ``folder`` holds a finished build (its info file is written last), of
-    ``spec``'s recipe when given: a preset whose recipe changed is built again."""
+    ``spec``'s sizes and recipe when given: a preset whose sizes or recipe changed is
+    built again."""
     if not (folder / INFO_FILE).is_file():
         return False
     if spec is None:
         return True
-    return _matches(read_build_info(folder), recipe(spec))
+    return _has_sizes(folder, spec) and _matches(read_build_info(folder), recipe(spec))
+
+
+def _has_sizes(folder: Path, spec: ModelPreset) -> bool:
+    """Whether the model config in ``folder`` has ``spec``'s widths, depth, vocabulary and
+    context."""
+    try:
+        with (folder / "config.json").open(encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    sizes = {
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "intermediate_size": spec.intermediate_size,
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": spec.max_positions,
+    }
+    return all(config.get(key) == value for key, value in sizes.items())
 
 
 # Recipe fields that builds from before them lack, with the value those builds had.
@@ -205,7 +226,7 @@ def _build(
     spec: ModelPreset, out_dir: Path, log: Callable[[str], None], cache_dir: Path
 ) -> dict[str, Any]:
     from services.model.corpus import build_corpus
-    from services.model.train import make_model, pack_documents, parameter_count
+    from services.model.train import make_model, pack_documents, parameter_count, take_weights
 
     started = time.perf_counter()
     timings: dict[str, float] = {}
@@ -241,7 +262,7 @@ def _build(
     if spec.distill_from:
         teacher = _relative(spec.distill_from, tokenizer, cache_dir, log)
     if spec.init_from:
-        model.load_state_dict(_relative(spec.init_from, tokenizer, cache_dir, log).state_dict())
+        take_weights(_relative(spec.init_from, tokenizer, cache_dir, log), model)
     if spec.distill_from or spec.init_from:
         info.update(
             distilled_from=spec.distill_from or None, initialized_from=spec.init_from or None

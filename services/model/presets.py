@@ -39,7 +39,8 @@ class ModelPreset:
     description: str = ""
     # Distillation: learn the next-token distributions of the preset ``distill_from`` (its
     # teacher, same tokenizer) instead of the corpus' tokens, starting from the weights of
-    # the preset ``init_from`` (same sizes) or from random ones. Both are built if missing.
+    # the preset ``init_from`` (same widths; its first layers where this preset has fewer)
+    # or from random ones. Both are built if missing.
     # A preset with ``init_from`` and a tune alone tunes that build (``tune_steps``).
     distill_from: str = ""
     init_from: str = ""
@@ -176,14 +177,15 @@ PRESETS: dict[str, ModelPreset] = {
         replace(
             _TINY,
             name="small-draft",
+            num_layers=3,
             train_steps=400,
             train_seconds=480.0,
             learning_rate=2e-3,
             distill_from="small",
             init_from="tiny",
-            description="speculation's draft for small: tiny's sizes and weights, trained "
-            "~8 min more on small's next-token distributions over the corpus (built only "
-            "when asked for, with small)",
+            description="speculation's draft for small: tiny's widths and first three "
+            "layers, trained ~8 min more on small's next-token distributions over the corpus "
+            "(built only when asked for, with small)",
         ),
     )
 }

@@ -349,6 +349,21 @@ def graft(shallow: LlamaForCausalLM, model: LlamaForCausalLM) -> None:
             layer.mlp.down_proj.weight.zero_()
 
 
+def take_weights(source: LlamaForCausalLM, model: LlamaForCausalLM) -> None:
+    """Load ``source``'s weights into ``model``: all of them, or, where ``model`` has fewer
+    layers of the same widths, the embeddings, final norm and head and ``source``'s first
+    layers (a shallower start that computes its first layers as ``source`` does)."""
+    depth = len(model.model.layers)
+    if len(source.model.layers) < depth:
+        raise ValueError(f"{len(source.model.layers)} layers cannot start a model of {depth}")
+    kept = {
+        name: value
+        for name, value in source.state_dict().items()
+        if not name.startswith("model.layers.") or int(name.split(".")[2]) < depth
+    }
+    model.load_state_dict(kept)  # strict: every weight of ``model`` comes from ``source``
+
+
 # The tune (``train_tune``): after the corpus, copy rows made of corpus tokens beside it.
 TUNE_LEARNING_RATE = 5e-4  # constant: a quarter of small's peak learning rate
 TUNE_ROWS = 8  # half of them repeat a run to the end, half quote one once, farther back

@@ -30,6 +30,7 @@ from services.model.train import (
     corpus_copy_batch,
     graft,
     make_model,
+    take_weights,
     train,
     train_copy,
 )
@@ -110,6 +111,19 @@ def test_a_build_of_another_step_count_is_built_again(built: Built, tmp_path: Pa
     assert not is_ready(built.folder, changed)
     assert is_ready(built.folder)  # finished, whichever recipe
     assert not is_ready(tmp_path)
+
+
+def test_a_build_of_other_sizes_is_built_again(built: Built) -> None:
+    """A preset whose sizes changed, its step counts not, does not reuse the old build."""
+    micro = PRESETS["micro"]
+    for change in (
+        {"num_layers": micro.num_layers - 1},
+        {"num_heads": micro.num_heads * 2},  # the same parameters, in other heads
+        {"intermediate_size": micro.intermediate_size + 64},
+        {"max_positions": micro.max_positions * 2},
+    ):
+        assert not is_ready(built.folder, dataclasses.replace(micro, **change)), change
+    assert is_ready(built.folder, micro)
 
 
 def test_tokenizer_round_trips_multibyte_text(tokenizer: Any) -> None:
@@ -233,7 +247,30 @@ def test_a_distilled_preset_needs_training_and_a_teacher() -> None:
         dataclasses.replace(micro, init_from="micro")
     draft, tiny = PRESETS["small-draft"], PRESETS["tiny"]
     assert (draft.distill_from, draft.init_from) == ("small", "tiny")
-    assert draft.parameter_count == tiny.parameter_count
+    # tiny's widths, fewer of its layers: a draft pass costs per layer.
+    widths = ("hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size")
+    assert all(getattr(draft, w) == getattr(tiny, w) for w in widths)
+    assert draft.num_layers < tiny.num_layers
+
+
+def test_a_shallower_model_starts_from_the_first_layers_of_a_deeper_one() -> None:
+    micro = PRESETS["micro"]
+    deep = make_model(dataclasses.replace(micro, seed=3), eot_id=0)
+    shallow = make_model(dataclasses.replace(micro, num_layers=2, seed=4), eot_id=0)
+    take_weights(deep, shallow)
+    theirs = deep.state_dict()
+    for name, value in shallow.state_dict().items():
+        assert torch.equal(value, theirs[name]), name
+    assert len(shallow.model.layers) == 2
+    # The same depth takes everything; a deeper model or other widths are refused.
+    same = make_model(dataclasses.replace(micro, seed=5), eot_id=0)
+    take_weights(deep, same)
+    assert all(torch.equal(v, theirs[k]) for k, v in same.state_dict().items())
+    with pytest.raises(ValueError, match="cannot start"):
+        take_weights(shallow, deep)
+    wider = make_model(dataclasses.replace(micro, intermediate_size=256), eot_id=0)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        take_weights(deep, wider)
 
 
 def test_copy_rows_repeat_a_run_and_mark_what_copying_predicts() -> None:
@@ -354,6 +391,7 @@ def test_a_copy_tune_follows_the_corpus_and_is_part_of_the_recipe(
     plain = read_build_info(built.folder)
     del plain["tune_steps"]
     (tmp_path / "old").mkdir()
+    shutil.copy(built.folder / "config.json", tmp_path / "old")
     (tmp_path / "old" / INFO_FILE).write_text(json.dumps(plain), encoding="utf-8")
     assert is_ready(tmp_path / "old", micro)
     with pytest.raises(ValueError, match="copy phase"):
@@ -394,7 +432,15 @@ def test_a_distilled_build_is_stale_once_its_teachers_recipe_changes(
     another recipe is built again, not served as a draft of the small there is now."""
     folder = tmp_path / "draft"
     shutil.copytree(built.folder, folder)
-    draft = PRESETS["small-draft"]
+    # small-draft's recipe in the sizes of the micro build standing in for it.
+    micro = PRESETS["micro"]
+    sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+    draft = dataclasses.replace(
+        PRESETS["small-draft"],
+        vocab_size=micro.vocab_size,
+        max_positions=micro.max_positions,
+        **{size: getattr(micro, size) for size in sizes},
+    )
     info = read_build_info(folder)
     info.update(model_build.recipe(draft))
     (folder / INFO_FILE).write_text(json.dumps(info), encoding="utf-8")
