@@ -567,9 +567,10 @@ def padding(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[
         prompts = _prompts(c, cfg.prompt_len, vocab, rng)
 
         def run(pad: bool, prompts: list[list[int]] = prompts) -> float:
-            return engine_run(model, tok, prompts, cfg.new_tokens, replace(ecfg, pad_products=pad))[
-                0
-            ]
+            rate, _ = engine_run(
+                model, tok, prompts, cfg.new_tokens, replace(ecfg, pad_products=pad)
+            )
+            return rate
 
         on, off = _alternating(partial(run, True), partial(run, False))
         ratios = [a / b for a, b in zip(on, off, strict=True)]

@@ -12,8 +12,8 @@ forward falls back to it rather than serve other tokens. Prefill chunks, which c
 more arithmetic per call, always go through the model's own forward.
 
 On a CPU a matrix product's time does not grow with its rows: with MKL on an AMD EPYC,
-the linear layers of the ``small`` preset took about 11 ms for one row, 15 to 18 ms for
-two to four, and 11 to 13 ms for five or six (the one-row product is a matrix-vector one,
+the linear layers of the ``small`` preset took about 11 ms for one row, 13 to 17 ms for
+two to four, and 10 to 12 ms for five or six (the one-row product is a matrix-vector one,
 a few rows take a slower kernel). ``tune_padding`` times the model's own products at one to
 six rows when the decoder is built and pads a product to more rows wherever that is
 faster by a clear margin; the padding rows are zeros and their outputs are dropped. A
@@ -148,7 +148,9 @@ class DirectDecoder:
             x = x + self._linear(up, lay.down)
         return self._linear(_rms(x, self.norm, self.norm_eps), (self.head, None))
 
-    def _linear(self, x: torch.Tensor, weight: tuple[torch.Tensor, torch.Tensor | None]) -> Any:
+    def _linear(
+        self, x: torch.Tensor, weight: tuple[torch.Tensor, torch.Tensor | None]
+    ) -> torch.Tensor:
         """``F.linear`` of ``x`` (``[rows, width, in]``), its rows padded with zeros to
         ``self.pad``'s count for theirs."""
         rows, width = x.shape[0], x.shape[1]
@@ -246,7 +248,7 @@ def choose_padding(times: Mapping[int, float], gain: float = PAD_GAIN) -> dict[i
     return pad
 
 
-# Each model's padding, measured once for all its runners (each engine's, a draft's).
+# Each model's padding, measured once for every runner on its weights (each engine's).
 _PADDING: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
 
 
