@@ -5,7 +5,6 @@ same fixed buffers; with ``TW_TEST_DEVICE=cuda`` it is captured and replayed."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 
 from services.worker.engine.graphs import CAPTURE_AFTER, DecodeGraphs, bucket_rows
 from services.worker.engine.model_runner import ModelRunner, RunItem
-from tests.unit.test_direct_decode import BLOCK, PER_SEQ, decode_logits
+from tests.unit.test_direct_decode import BLOCK, PER_SEQ, batch_prompts, decode_logits
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,8 +69,7 @@ def test_graphed_decodes_give_the_runners_own_tokens_over_a_changing_batch(
 ) -> None:
     model = lm[0]
     vocab = model.config.vocab_size
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (2, 9, 30, 17, 64)]
+    prompts = batch_prompts(vocab)
     graphed = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
     plain = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK, cuda_graphs=False)
     assert plain._graphs is None

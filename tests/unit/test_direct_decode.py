@@ -40,6 +40,12 @@ DIRECT_ROWS = ["llama", "llama-rope-llama3", "llama-rope-yarn", "mistral", "qwen
 MODEL_ROWS = ["llama-rope-dynamic", "qwen3", "gemma", "gpt2", "falcon"]
 
 
+def batch_prompts(vocab: int) -> list[list[int]]:
+    """Five prompts of 2 to 64 random tokens: the changing batch the runner tests decode."""
+    rng = random.Random(0)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in (2, 9, 30, 17, 64)]
+
+
 def decode_logits(
     runner: ModelRunner, prompts: list[list[int]], steps: int, vocab: int = 0
 ) -> list[torch.Tensor]:
@@ -102,8 +108,7 @@ def verify_logits(
 
 
 def assert_bit_identical(model: Any, vocab: int) -> None:
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (2, 9, 30, 17, 64)]
+    prompts = batch_prompts(vocab)
     # Unpadded products: a padded one rounds as a product of its padded rows does.
     direct = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK, pad_products=False)
     plain = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK, pad_products=False)
@@ -159,8 +164,7 @@ def test_a_forward_that_differs_in_the_last_bit_is_not_replaced(lm: tuple[Any, A
 def test_padded_products_give_the_unpadded_passs_tokens(lm: tuple[Any, Any]) -> None:
     model = lm[0]
     vocab = model.config.vocab_size
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (2, 9, 30, 17, 64)]
+    prompts = batch_prompts(vocab)
     padded = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK)
     unpadded = ModelRunner(model, len(prompts) * PER_SEQ, BLOCK, pad_products=False)
     assert padded._direct is not None and unpadded._direct is not None
