@@ -11,12 +11,16 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from services.keys import add_keys_parser
 from services.ops.costs import add_costs_option
 from shared.logs import route_transformers_logs, setup_logging
 from shared.settings import CommonSettings, SettingsError
+
+if TYPE_CHECKING:
+    from services.worker.config import WorkerSettings
+    from services.worker.runtime import EngineSpec
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -61,19 +65,12 @@ def _draft_model_dir(name: str) -> str:
     return resolve_model_dir("", name) if name in PRESETS else name
 
 
-def cmd_worker(_: argparse.Namespace) -> None:
-    from transformers import AutoTokenizer
-
-    from services.worker.config import WorkerSettings
+def worker_engine_spec(settings: WorkerSettings) -> EngineSpec:
+    """The engine process a worker of ``settings`` starts: model, device and engine sizes."""
     from services.worker.engine.engine import EngineConfig
-    from services.worker.runtime import EngineProcess, EngineSpec
-    from services.worker.service import WorkerService
+    from services.worker.runtime import EngineSpec
 
-    settings = WorkerSettings.from_env(
-        model_dir=resolve_model_dir(os.environ.get("TW_MODEL_DIR", ""))
-    )
-    setup_logging("worker", settings.log_level)
-    spec = EngineSpec(
+    return EngineSpec(
         model_dir=settings.model_dir,
         device=settings.device,
         dtype=settings.dtype,
@@ -90,10 +87,25 @@ def cmd_worker(_: argparse.Namespace) -> None:
             enable_prefix_cache=settings.prefix_cache,
             speculation=settings.speculation,
             cuda_graphs=settings.cuda_graphs,
+            pad_products=settings.pad_products,
         ),
         draft_model_dir=_draft_model_dir(settings.spec_draft_model),
         log_level=settings.log_level,
     )
+
+
+def cmd_worker(_: argparse.Namespace) -> None:
+    from transformers import AutoTokenizer
+
+    from services.worker.config import WorkerSettings
+    from services.worker.runtime import EngineProcess
+    from services.worker.service import WorkerService
+
+    settings = WorkerSettings.from_env(
+        model_dir=resolve_model_dir(os.environ.get("TW_MODEL_DIR", ""))
+    )
+    setup_logging("worker", settings.log_level)
+    spec = worker_engine_spec(settings)
     runner = EngineProcess(spec)
     runner.start()  # loads the model in the engine process
     route_transformers_logs()

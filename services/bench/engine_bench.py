@@ -26,6 +26,7 @@ import torch
 
 from services.bench.stats import pct
 from services.bench.workload import WORDS, Mix, Workload
+from services.model.corpus import iter_comment_passages
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
 from services.worker.engine.grammar import GrammarCache
 from services.worker.engine.sampler import SamplingConfig
@@ -391,17 +392,20 @@ def speculation(
     )
     if draft is None:
         spec = replace(ecfg, speculation=SpecConfig(k=cfg.spec_k))
-        single = [
-            tok(_extractive_text(rng, cfg.prompt_len))["input_ids"] for _ in range(cfg.spec_prompts)
-        ]
+        words = [" ".join(rng.choices(WORDS, k=cfg.prompt_len)) for _ in range(cfg.spec_prompts)]
+        prose = _prose_passages(rng, cfg.prompt_len, cfg.spec_prompts)
+        singles = {
+            "extractive_1": [tok(_extractive_text(p))["input_ids"] for p in words],
+            "extractive_prose_1": [tok(_extractive_text(p))["input_ids"] for p in prose],
+        }
     else:
         spec = replace(ecfg, speculation=SpecConfig(k=cfg.draft_k, method="draft"))
-        single = chat_prompts[: cfg.spec_prompts]
+        singles = {"chat_1": chat_prompts[: cfg.spec_prompts]}
 
     def engine_for(c: EngineConfig) -> Engine:
         return Engine(model, tok, c, draft_model=draft if c.speculation.enabled else None)
 
-    def one_at_a_time(c: EngineConfig) -> tuple[float, Engine]:
+    def one_at_a_time(single: list[list[int]], c: EngineConfig) -> tuple[float, Engine]:
         engine = engine_for(c)
         t0 = time.perf_counter()
         for i, p in enumerate(single):
@@ -425,8 +429,10 @@ def speculation(
         "step_tokens": spec.speculation.step_tokens,
         "method": spec.speculation.method,
     }
-    single_name = "extractive_1" if draft is None else "chat_1"
-    for name, fn in ((single_name, one_at_a_time), ("chat_mix_" + str(cfg.spec_batch), batch)):
+    parts: list[tuple[str, Callable[[EngineConfig], tuple[float, Engine]]]] = [
+        (name, partial(one_at_a_time, single)) for name, single in singles.items()
+    ]
+    for name, fn in (*parts, ("chat_mix_" + str(cfg.spec_batch), batch)):
         on: list[float] = []
         off: list[float] = []
         engine = None
@@ -589,10 +595,17 @@ def _greedy(model: Any, tok: Any, prompt: list[int], new: int, ecfg: EngineConfi
     return [t for o in engine.run_until_idle() for t in o.token_ids]
 
 
-def _extractive_text(rng: random.Random, words: int) -> str:
+def _extractive_text(passage: str) -> str:
     """An instruction to repeat a passage, the passage, and the start of its copy."""
-    passage = " ".join(rng.choices(WORDS, k=words))
     return f"Repeat the following text exactly.\nText: {passage}\nRepeated: {passage[:40]}"
+
+
+def _prose_passages(rng: random.Random, words: int, n: int) -> list[str]:
+    """``n`` passages of ``words`` words of English prose the model never trained on: the
+    first words of comment blocks of the standard library, whose docstrings alone are the
+    corpus."""
+    blocks = [b.split() for b in iter_comment_passages()]
+    return [" ".join(b[:words]) for b in rng.sample([b for b in blocks if len(b) >= words], n)]
 
 
 def _paired(runs: list[float], base: list[float]) -> float:
@@ -693,13 +706,20 @@ def print_table(rep: Report) -> None:
             f"({100 * p['ttft_ratio_on_vs_off']:.0f}%); {f(p['cache_on']['tok_s'])} vs {f(p['cache_off']['tok_s'])} tok/s"
         )
     for sp, name, single in (
-        (rep.speculation, "n-gram speculation", ("extractive_1", "1 request, extractive prompts")),
-        (rep.draft, "draft-model speculation", ("chat_1", "1 request, chat mix")),
+        (
+            rep.speculation,
+            "n-gram speculation",
+            (
+                ("extractive_1", "1 request, extractive prompts (passages of common words)"),
+                ("extractive_prose_1", "1 request, extractive prompts (passages of prose)"),
+            ),
+        ),
+        (rep.draft, "draft-model speculation", (("chat_1", "1 request, chat mix"),)),
     ):
         if not sp:
             continue
         for key, what in (
-            single,
+            *single,
             (
                 f"chat_mix_{rep.config['spec_batch']}",
                 f"{rep.config['spec_batch']} requests, chat mix",

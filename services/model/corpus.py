@@ -8,7 +8,9 @@ file), so the same Python installation always yields the same corpus.
 from __future__ import annotations
 
 import ast
+import io
 import sysconfig
+import tokenize
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,6 +97,33 @@ def iter_docstrings(root: Path | None = None) -> Iterator[Docstring]:
         if text:
             yield Docstring("module", module, text)
         yield from _walk(tree, module)
+
+
+def iter_comment_passages(root: Path | None = None) -> Iterator[str]:
+    """Yield the standard library's comment blocks (runs of whole-line ``#`` comments on
+    consecutive lines), each joined into one line, in file order: English prose and code
+    words that the corpus, made of docstrings alone, never holds."""
+    base = Path(root if root is not None else sysconfig.get_paths()["stdlib"])
+    for path in stdlib_python_files(base):
+        try:
+            tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
+        except (SyntaxError, tokenize.TokenError, ValueError, OSError, UnicodeDecodeError):
+            continue
+        block: list[str] = []
+        last_line = -2
+        for token in tokens:
+            if token.type != tokenize.COMMENT or not token.line.lstrip().startswith("#"):
+                continue
+            text = token.string.lstrip("#").strip()
+            if token.start[0] != last_line + 1 or not text:
+                if block:
+                    yield " ".join(block)
+                block = []
+            if text:
+                block.append(text)
+            last_line = token.start[0]
+        if block:
+            yield " ".join(block)
 
 
 def _is_private(name: str) -> bool:

@@ -41,6 +41,11 @@ class WorkerSettings(FleetSettings):
         description="replay decode steps from CUDA graphs on a GPU (rows padded to 1, 2, 4, 8 "
         "or a multiple of 16, up to 512; a failed capture turns them off with a warning)",
     )
+    pad_products: bool = Field(
+        True,
+        description="on a CPU, pad the decode pass's products of a few rows to more rows where "
+        "the model's own products, timed at load, run faster so (the padding rows dropped)",
+    )
     engine_nice: int = Field(
         5, ge=0, le=19, description="the engine process's niceness above the worker's"
     )

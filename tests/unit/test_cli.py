@@ -116,3 +116,23 @@ def test_a_redis_that_refuses_the_login_is_not_called_away() -> None:
     away = cli.unreachable(redis.exceptions.ConnectionError("Error 111"))
     assert away is not None and away.startswith("Redis is not answering")
     assert cli.unreachable(RuntimeError("a bug")) is None
+
+
+def test_the_workers_engine_takes_its_engine_settings_from_the_environment() -> None:
+    from services.worker.config import WorkerSettings
+
+    default = cli.worker_engine_spec(WorkerSettings.from_env({}, model_dir="/m")).config
+    assert default.pad_products and default.cuda_graphs and default.speculation.k == 0
+    env = {
+        "TW_PAD_PRODUCTS": "false",
+        "TW_CUDA_GRAPHS": "false",
+        "TW_SPEC_NGRAM_K": "3",
+        "TW_MAX_RUNNING": "5",
+        "TW_PREFIX_CACHE": "false",
+    }
+    spec = cli.worker_engine_spec(WorkerSettings.from_env(env, model_dir="/m"))
+    assert spec.model_dir == "/m" and spec.draft_model_dir == ""
+    config = spec.config
+    assert not config.pad_products and not config.cuda_graphs
+    assert config.speculation.k == 3 and config.max_running == 5
+    assert not config.enable_prefix_cache

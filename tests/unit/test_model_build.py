@@ -453,3 +453,32 @@ def test_a_distilled_build_is_stale_once_its_teachers_recipe_changes(
     (folder / INFO_FILE).write_text(json.dumps(info), encoding="utf-8")
     monkeypatch.undo()
     assert not is_ready(folder, draft)
+
+
+def test_comment_passages_are_the_comment_blocks_and_never_a_docstring(tmp_path: Path) -> None:
+    from services.model.corpus import build_corpus, iter_comment_passages
+
+    (tmp_path / "mod.py").write_text(
+        '"""The module\'s docstring."""\n'
+        "# First block,\n#   second line.\n#\n# After an empty comment.\n"
+        "x = 1  # a trailing comment is code's, not a block\n"
+        "\n# Alone.\n"
+        "def f():\n"
+        '    """f\'s docstring."""\n'
+        "    # Indented block\n    # of two lines.\n"
+        "    s = '# inside a string'\n"
+        "    return s\n"
+    )
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "t.py").write_text("# a test suite's comment\n")
+    (tmp_path / "broken.py").write_text("# Before the error.\ndef (:\n    '''unterminated\n")
+    passages = list(iter_comment_passages(tmp_path))
+    # Not the test suite's, nor anything of a file that fails to tokenize.
+    assert passages == [
+        "First block, second line.",
+        "After an empty comment.",
+        "Alone.",
+        "Indented block of two lines.",
+    ]
+    corpus = "\n".join(build_corpus(10_000, tmp_path))
+    assert "docstring" in corpus and not any(p in corpus for p in passages)
