@@ -394,12 +394,14 @@ def speculation(
         spec = replace(ecfg, speculation=SpecConfig(k=cfg.spec_k))
         words = [" ".join(rng.choices(WORDS, k=cfg.prompt_len)) for _ in range(cfg.spec_prompts)]
         prose = _prose_passages(rng, cfg.prompt_len, cfg.spec_prompts)
+        passages = {"extractive_1": words, "extractive_prose_1": prose}
         singles = {
-            "extractive_1": [tok(_extractive_text(p))["input_ids"] for p in words],
-            "extractive_prose_1": [tok(_extractive_text(p))["input_ids"] for p in prose],
+            name: [tok(_extractive_text(p))["input_ids"] for p in texts]
+            for name, texts in passages.items()
         }
     else:
         spec = replace(ecfg, speculation=SpecConfig(k=cfg.draft_k, method="draft"))
+        passages = {}
         singles = {"chat_1": chat_prompts[: cfg.spec_prompts]}
 
     def engine_for(c: EngineConfig) -> Engine:
@@ -409,9 +411,8 @@ def speculation(
         engine = engine_for(c)
         t0 = time.perf_counter()
         for i, p in enumerate(single):
-            engine.add_request(
-                EngineRequest(f"x{i}", p, max_tokens=cfg.new_tokens, ignore_eos=True)
-            )
+            n = cfg.new_tokens
+            engine.add_request(EngineRequest(f"x{i}", p, max_tokens=n, min_tokens=n))
             engine.run_until_idle()
         return engine.stats.decoded_tokens / (time.perf_counter() - t0), engine
 
@@ -419,7 +420,7 @@ def speculation(
         engine = engine_for(c)
         t0 = time.perf_counter()
         for i, (p, n) in enumerate(zip(chat_prompts, chat_new, strict=True)):
-            engine.add_request(EngineRequest(f"c{i}", p, max_tokens=n, ignore_eos=True))
+            engine.add_request(EngineRequest(f"c{i}", p, max_tokens=n, min_tokens=n))
         engine.run_until_idle()
         return engine.stats.decoded_tokens / (time.perf_counter() - t0), engine
 
@@ -453,7 +454,27 @@ def speculation(
             "mean_accepted": st.spec_accepted_tokens / max(1, st.spec_verifications),
             "verifications": st.spec_verifications,
         }
+        if name in passages:
+            out[name]["copied"] = _copied(model, tok, passages[name], cfg.new_tokens, ecfg)
     return out
+
+
+def _copied(model: Any, tok: Any, passages: list[str], new: int, ecfg: EngineConfig) -> float:
+    """How much of its passage's rest each greedy answer repeats before it first departs
+    from it (a share of the rest, or of the answer where that is shorter), averaged: an
+    extractive answer's drafts are kept for copying the passage or for the model
+    repeating itself, and only this tells which."""
+    engine = Engine(model, tok, ecfg)
+    shares = []
+    for i, passage in enumerate(passages):
+        prompt = tok(_extractive_text(passage))["input_ids"]
+        engine.add_request(EngineRequest(f"c{i}", prompt, max_tokens=new, min_tokens=new))
+        text = "".join(o.text for o in engine.run_until_idle())
+        rest = passage[len(_copy_started(passage)) :]
+        room = min(len(text), len(rest))
+        same = next((i for i, (a, b) in enumerate(zip(text, rest, strict=False)) if a != b), room)
+        shares.append(same / room)
+    return statistics.mean(shares)
 
 
 def engine_serial(
@@ -595,9 +616,20 @@ def _greedy(model: Any, tok: Any, prompt: list[int], new: int, ecfg: EngineConfi
     return [t for o in engine.run_until_idle() for t in o.token_ids]
 
 
+COPY_STARTED = 7  # words of the passage that an extractive prompt's copy starts with
+
+
+def _copy_started(passage: str) -> str:
+    """The passage's first words, up to the space before the next (a word cut in two
+    would read as other tokens than the passage's)."""
+    return " ".join(passage.split(" ")[:COPY_STARTED])
+
+
 def _extractive_text(passage: str) -> str:
     """An instruction to repeat a passage, the passage, and the start of its copy."""
-    return f"Repeat the following text exactly.\nText: {passage}\nRepeated: {passage[:40]}"
+    return (
+        f"Repeat the following text exactly.\nText: {passage}\nRepeated: {_copy_started(passage)}"
+    )
 
 
 def _prose_passages(rng: random.Random, words: int, n: int) -> list[str]:
@@ -734,6 +766,11 @@ def print_table(rep: Report) -> None:
                 f"{', '.join(f'{x:.2f}x' for x in r['round_ratios'])}); "
                 f"acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "
                 f"{r['mean_accepted']:.2f} tokens over {r['verifications']} drafts"
+                + (
+                    f"; answers copy {100 * r['copied']:.0f}% of the passage"
+                    if "copied" in r
+                    else ""
+                )
             )
     _print_rounds("engine vs generate", rep.overhead)
     _print_rounds("int8 weights vs full precision", rep.int8)
