@@ -6,7 +6,9 @@ transformers' continuous batching (``generate_batch``) and this engine; the engi
 a shared-prefix workload with the prefix cache on and off; and requests asking for
 log-probabilities, with penalties and logit biases, or constrained to a JSON schema,
 against the same requests plain; and n-gram speculation against none, for one request on
-extractive prompts (the answer copies from the prompt) and for a batch of the chat mix.
+extractive prompts (the answer copies from the prompt: passages of common words, and of
+prose the model never trained on) and for a batch of the chat mix, with EOS held until
+each request's length, and how much of its passage each answer copies.
 """
 
 from __future__ import annotations
