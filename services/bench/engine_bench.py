@@ -412,8 +412,8 @@ def speculation(
     def one_at_a_time(single: list[list[int]], c: EngineConfig) -> tuple[float, Engine]:
         engine = engine_for(c)
         t0 = time.perf_counter()
+        n = cfg.new_tokens
         for i, p in enumerate(single):
-            n = cfg.new_tokens
             engine.add_request(EngineRequest(f"x{i}", p, max_tokens=n, min_tokens=n))
             engine.run_until_idle()
         return engine.stats.decoded_tokens / (time.perf_counter() - t0), engine
@@ -474,7 +474,7 @@ def _copied(model: Any, tok: Any, passages: list[str], new: int, ecfg: EngineCon
         text = "".join(o.text for o in engine.run_until_idle())
         rest = passage[len(_copy_started(passage)) :]
         room = min(len(text), len(rest))
-        same = next((i for i, (a, b) in enumerate(zip(text, rest, strict=False)) if a != b), room)
+        same = next((at for at, (a, b) in enumerate(zip(text, rest, strict=False)) if a != b), room)
         shares.append(same / room)
     return statistics.mean(shares)
 

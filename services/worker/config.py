@@ -43,8 +43,8 @@ class WorkerSettings(FleetSettings):
     )
     pad_products: bool = Field(
         True,
-        description="on a CPU, pad the decode pass's products of a few rows to more rows where "
-        "the model's own products, timed at load, run faster so (the padding rows dropped)",
+        description="on a CPU, pad the decode pass's products of a few rows with zero rows where "
+        "the model's own products, timed at load, are faster at the larger count",
     )
     engine_nice: int = Field(
         5, ge=0, le=19, description="the engine process's niceness above the worker's"
