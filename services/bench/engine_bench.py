@@ -472,11 +472,18 @@ def _copied(model: Any, tok: Any, passages: list[str], new: int, ecfg: EngineCon
         prompt = tok(_extractive_text(passage))["input_ids"]
         engine.add_request(EngineRequest(f"c{i}", prompt, max_tokens=new, min_tokens=new))
         text = "".join(o.text for o in engine.run_until_idle())
-        rest = passage[len(_copy_started(passage)) :]
-        room = min(len(text), len(rest))
-        same = next((at for at, (a, b) in enumerate(zip(text, rest, strict=False)) if a != b), room)
-        shares.append(same / room)
+        shares.append(copied_share(text, passage[len(_copy_started(passage)) :]))
     return statistics.mean(shares)
+
+
+def copied_share(answer: str, rest: str) -> float:
+    """The characters ``answer`` repeats of ``rest`` before it first departs from it, as a
+    share of ``rest`` or of ``answer`` where that is shorter (0 for an empty one)."""
+    room = min(len(answer), len(rest))
+    if not room:
+        return 0.0
+    same = next((i for i, (a, b) in enumerate(zip(answer, rest, strict=False)) if a != b), room)
+    return same / room
 
 
 def engine_serial(
