@@ -28,7 +28,7 @@ import torch
 
 from services.bench.stats import pct
 from services.bench.workload import WORDS, Mix, Workload
-from services.model.corpus import iter_comment_passages
+from services.model.corpus import iter_comment_passages, quote_prompt
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
 from services.worker.engine.grammar import GrammarCache
 from services.worker.engine.sampler import SamplingConfig
@@ -457,23 +457,44 @@ def speculation(
             "verifications": st.spec_verifications,
         }
         if name in passages:
-            out[name]["copied"] = _copied(model, tok, passages[name], cfg.new_tokens, ecfg)
+            out[name].update(_copied(model, tok, passages[name], cfg.new_tokens, ecfg))
     return out
 
 
-def _copied(model: Any, tok: Any, passages: list[str], new: int, ecfg: EngineConfig) -> float:
-    """How much of its passage's rest each greedy answer repeats before it first departs
-    from it (a share of the rest, or of the answer where that is shorter), averaged: an
-    extractive answer's drafts are kept for copying the passage or for the model
-    repeating itself, and only this tells which."""
+def _copied(
+    model: Any, tok: Any, passages: list[str], new: int, ecfg: EngineConfig
+) -> dict[str, float]:
+    """How the greedy answers copy their passages, averaged: ``copied``, how much of the
+    passage's rest an answer repeats before it first departs from it (a share of the rest,
+    or of the answer where that is shorter); ``quoted``, the share of its words that go on
+    a run of the passage's, wherever the copy went on. An extractive answer's drafts are
+    kept for copying the passage or for the model repeating itself, and only these tell
+    which."""
     engine = Engine(model, tok, ecfg)
-    shares = []
+    copied, quoted = [], []
     for i, passage in enumerate(passages):
         prompt = tok(_extractive_text(passage))["input_ids"]
         engine.add_request(EngineRequest(f"c{i}", prompt, max_tokens=new, min_tokens=new))
         text = "".join(o.text for o in engine.run_until_idle())
-        shares.append(copied_share(text, passage[len(_copy_started(passage)) :]))
-    return statistics.mean(shares)
+        copied.append(copied_share(text, passage[len(_copy_started(passage)) :]))
+        quoted.append(quoted_share(text, passage))
+    return {"copied": statistics.mean(copied), "quoted": statistics.mean(quoted)}
+
+
+QUOTED_RUN = 3  # words in a row of the passage that make an answer's word a quote
+
+
+def quoted_share(answer: str, passage: str) -> float:
+    """The share of ``answer``'s words that end a run of ``QUOTED_RUN`` words found in
+    ``passage``: its words in the passage's order, though the copy skips or starts again
+    (0 for an answer of fewer words)."""
+    words = answer.split()
+    source = passage.split()
+    runs = {tuple(source[i : i + QUOTED_RUN]) for i in range(len(source) - QUOTED_RUN + 1)}
+    ends = range(QUOTED_RUN, len(words) + 1)
+    if not ends:
+        return 0.0
+    return sum(tuple(words[end - QUOTED_RUN : end]) in runs for end in ends) / len(ends)
 
 
 def copied_share(answer: str, rest: str) -> float:
@@ -635,10 +656,9 @@ def _copy_started(passage: str) -> str:
 
 
 def _extractive_text(passage: str) -> str:
-    """An instruction to repeat a passage, the passage, and the start of its copy."""
-    return (
-        f"Repeat the following text exactly.\nText: {passage}\nRepeated: {_copy_started(passage)}"
-    )
+    """An instruction to repeat a passage, the passage, and the start of its copy (the
+    format of small-copy's quote tune, on passages that were never its corpus)."""
+    return f"{quote_prompt(passage)} {_copy_started(passage)}"
 
 
 def _prose_passages(rng: random.Random, words: int, n: int) -> list[str]:
@@ -776,7 +796,8 @@ def print_table(rep: Report) -> None:
                 f"acceptance {100 * r['acceptance_rate']:.0f}%, mean accepted "
                 f"{r['mean_accepted']:.2f} tokens over {r['verifications']} drafts"
                 + (
-                    f"; answers copy {100 * r['copied']:.0f}% of the passage"
+                    f"; answers copy {100 * r['copied']:.0f}% of the passage before they "
+                    f"depart from it, {100 * r['quoted']:.0f}% of their words quote it"
                     if "copied" in r
                     else ""
                 )

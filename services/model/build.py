@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import platform
+import random
 import shutil
 import tempfile
 import time
@@ -276,7 +277,7 @@ def _build(
     if spec.trained:
         info.update(_train(spec, model, data, log, timings, teacher))
     if spec.tune_steps:
-        info.update(_tune(spec, model, data, log, timings))
+        info.update(_tune(spec, model, data, docs, backend, eot_id, log, timings))
 
     if not spec.random_weights:  # a random model's samples say nothing
         mark = time.perf_counter()
@@ -390,18 +391,30 @@ def _tune(
     spec: ModelPreset,
     model: Any,
     data: Any,
+    docs: list[str],
+    backend: Any,
+    eot_id: int,
     log: Callable[[str], None],
     timings: dict[str, float],
 ) -> dict[str, Any]:
-    """Tune ``model`` to copy runs of the corpus's words; the build info's tune fields."""
-    from services.model.train import train_tune
+    """Tune ``model`` to quote passages of the corpus when asked; the build info's tune
+    fields."""
+    from services.model.chat import EOT
+    from services.model.corpus import quote_passages, quote_prompt
+    from services.model.train import TUNE_ROWS, quote_rows, train_tune
 
-    log(f"[model] {spec.name}: copy tune, {spec.tune_steps} steps")
-    tuned = train_tune(model, data, spec, log)
+    # Passages of the docstrings alone (``build_corpus`` ends each chat example with EOT).
+    plain = [doc for doc in docs if not doc.endswith(EOT)]
+    passages = quote_passages(plain, random.Random(spec.seed), spec.tune_steps * TUNE_ROWS)
+    quotes = quote_rows(
+        [quote_prompt(p) for p in passages], [f" {p}" for p in passages], backend, eot_id
+    )
+    log(f"[model] {spec.name}: quote tune, {spec.tune_steps} steps, {len(quotes)} passages")
+    tuned = train_tune(model, data, quotes, spec, log)
     timings["tune_s"] = tuned.seconds
     log(
         f"[model] {spec.name}: tune done, loss {tuned.final_loss:.3f}, "
-        f"{tuned.final_copied or 0:.0%} of its copy rows copied"
+        f"{tuned.final_copied or 0:.0%} of its answers' tokens right"
     )
     return {"tune_final_loss": tuned.final_loss, "copied_after_tune": tuned.final_copied}
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ast
 import io
+import random
 import sysconfig
 import tokenize
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,11 @@ _QUESTIONS = (
     "Explain the {kind} {name}.",
     "Describe {name} briefly.",
 )
+
+# The quote tune's rows (small-copy) and the extractive benchmark's prompts: an instruction
+# to repeat a passage word for word; the answer is a space and the passage.
+_QUOTE_PROMPT = "Repeat the following text exactly.\nText: {passage}\nRepeated:"
+QUOTE_WORDS = (10, 60)  # shortest and longest passage a quote row repeats, in words
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,28 @@ def iter_comment_passages(root: Path | None = None) -> Iterator[str]:
             last_line = token.start[0]
         if block:
             yield " ".join(block)
+
+
+def quote_prompt(passage: str) -> str:
+    """The instruction to repeat ``passage``, up to where its answer (`` `` + passage)
+    starts."""
+    return _QUOTE_PROMPT.format(passage=passage)
+
+
+def quote_passages(texts: Sequence[str], rng: random.Random, count: int) -> list[str]:
+    """``count`` runs of ``QUOTE_WORDS`` consecutive words cut at random from ``texts``
+    (those of enough words), their white space made single spaces."""
+    shortest, longest = QUOTE_WORDS
+    pool = [words for words in (text.split() for text in texts) if len(words) >= shortest]
+    if not pool:
+        raise ValueError(f"no text of {shortest} words to quote")
+    passages = []
+    for _ in range(count):
+        words = rng.choice(pool)
+        length = rng.randint(shortest, min(longest, len(words)))
+        start = rng.randint(0, len(words) - length)
+        passages.append(" ".join(words[start : start + length]))
+    return passages
 
 
 def _is_private(name: str) -> bool:

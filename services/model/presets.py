@@ -49,8 +49,9 @@ class ModelPreset:
     # becomes the first layers of this one before the corpus (``train.graft``).
     copy_steps: int = 0
     copy_layers: int = 2
-    # Last, ``tune_steps`` steps of the corpus with copy rows of its own tokens beside each
-    # batch (``train.train_tune``): copying carried over to real words.
+    # Last, ``tune_steps`` steps of corpus rows with quote rows beside them (an instruction
+    # to repeat a passage of the corpus, and the passage: ``train.train_tune``), so that
+    # the model, asked to copy, copies real words.
     tune_steps: int = 0
 
     def __post_init__(self) -> None:
@@ -155,12 +156,12 @@ PRESETS: dict[str, ModelPreset] = {
             _SMALL,
             name="small-copy",
             train_steps=0,
-            train_seconds=420.0,
+            train_seconds=1250.0,
             copy_steps=0,
             init_from="small",
-            tune_steps=100,
-            description="small tuned 100 steps more to copy runs of real words: n-gram "
-            "speculation's model, at some cost in corpus loss (built only when asked for)",
+            tune_steps=400,
+            description="small tuned 400 steps more to repeat a passage when asked: n-gram "
+            "speculation's model (built only when asked for, ~20 min)",
         ),
         ModelPreset(
             name="llama-1b",

@@ -364,52 +364,71 @@ def take_weights(source: LlamaForCausalLM, model: LlamaForCausalLM) -> None:
     model.load_state_dict(kept)  # strict: every weight of ``model`` comes from ``source``
 
 
-# The tune (``train_tune``): after the corpus, copy rows made of corpus tokens beside it.
+# The tune (``train_tune``): after the corpus, quote rows beside it. A quote row asks for a
+# passage of the corpus word for word (``corpus.quote_prompt``) and answers with it.
 TUNE_LEARNING_RATE = 5e-4  # constant: a quarter of small's peak learning rate
-TUNE_ROWS = 8  # half of them repeat a run to the end, half quote one once, farther back
-TUNE_QUOTE = 48  # longest quoted run (at most half a row)
+TUNE_ROWS = 12  # quote rows a step
+TUNE_CORPUS_ROWS = 8  # corpus rows a step beside them, so the model stays one of the corpus
 
 
-def corpus_copy_batch(
-    generator: torch.Generator, data: torch.Tensor, batch: int
+@dataclass(frozen=True)
+class Quote:
+    """One quote row's tokens: the instruction with its passage, then the answer (the
+    passage again and ``<|endoftext|>``) from token ``answer`` on."""
+
+    ids: list[int]
+    answer: int
+
+
+def quote_rows(
+    prompts: Sequence[str], answers: Sequence[str], tokenizer: Tokenizer, eot_id: int
+) -> list[Quote]:
+    """Tokenize each prompt and its answer apart, as a server reads a prompt and then
+    generates, the answer ended by ``<|endoftext|>``."""
+    heads = tokenizer.encode_batch(list(prompts), add_special_tokens=False)
+    tails = tokenizer.encode_batch(list(answers), add_special_tokens=False)
+    return [
+        Quote(ids=head.ids + tail.ids + [eot_id], answer=len(head.ids))
+        for head, tail in zip(heads, tails, strict=True)
+    ]
+
+
+def quote_batch(
+    generator: torch.Generator, quotes: Sequence[Quote], batch: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Copy rows like ``copy_batch``'s, but of real tokens: each row is a packed corpus row
-    shuffled (its words, out of order, so only copying predicts what repeats). The first
-    half repeat a ``COPY_RUN`` run to the end; the rest quote one run once, from anywhere
-    earlier in the row, as an answer quotes its prompt."""
-    seq_len = data.size(1)
-    rows = data[torch.randint(0, data.size(0), (batch,), generator=generator)].clone()
-    known = torch.zeros(batch, seq_len, dtype=torch.bool)
-    for i in range(batch):
-        rows[i] = rows[i, torch.randperm(seq_len, generator=generator)]
-        if i < batch // 2:
-            length = int(torch.randint(COPY_RUN[0], COPY_RUN[1] + 1, (1,), generator=generator))
-            start = int(torch.randint(0, 9, (1,), generator=generator))
-            _repeat_to_end(rows[i], known[i], start, length)
-            continue
-        longest = min(TUNE_QUOTE, seq_len // 2)
-        length = int(torch.randint(COPY_RUN[0], longest + 1, (1,), generator=generator))
-        source = int(torch.randint(0, seq_len - 2 * length + 1, (1,), generator=generator))
-        quote = int(torch.randint(source + length, seq_len - length + 1, (1,), generator=generator))
-        rows[i, quote : quote + length] = rows[i, source : source + length]
-        # Known from the quote's first token on: it names which run is being quoted.
-        known[i, quote : quote + length - 1] = True
+    """``batch`` quote rows picked at random, padded on the right (with token 0) to the
+    longest; ``known`` marks the positions whose next token is the answer's (for
+    ``copy_loss``). The padding follows every marked position, so a causal model's
+    predictions there never see it."""
+    picks = torch.randint(0, len(quotes), (batch,), generator=generator).tolist()
+    width = max(len(quotes[i].ids) for i in picks)
+    rows = torch.zeros(batch, width, dtype=torch.long)
+    known = torch.zeros(batch, width, dtype=torch.bool)
+    for row, i in enumerate(picks):
+        quote = quotes[i]
+        rows[row, : len(quote.ids)] = torch.tensor(quote.ids)
+        known[row, quote.answer - 1 : len(quote.ids) - 1] = True
     return rows, known
 
 
 def train_tune(
     model: LlamaForCausalLM,
     data: torch.Tensor,
+    quotes: Sequence[Quote],
     preset: ModelPreset,
     log: Callable[[str], None],
     *,
     threads: int | None = None,
 ) -> TrainResult:
-    """``preset.tune_steps`` steps after the corpus: each a corpus batch plus ``TUNE_ROWS``
-    ``corpus_copy_batch`` rows, at a constant ``TUNE_LEARNING_RATE``. Copying learned on
-    random tokens carries over only in part to a prompt's words; a short tune on copy rows
-    of those words, on the trained model and at a low rate, closes most of that gap while
-    the corpus keeps its loss."""
+    """``preset.tune_steps`` steps after the corpus: each ``TUNE_CORPUS_ROWS`` corpus rows
+    plus ``TUNE_ROWS`` ``quote_batch`` rows, at a constant ``TUNE_LEARNING_RATE``.
+
+    Copying learned on random tokens carries over little to a prompt's words. In real text
+    a word comes again often and only the words before it tell where the copy goes on, so
+    a copy that follows one word's match jumps from place to place in the passage. The
+    quote rows teach the copy as it is asked for (their loss is the answer's tokens'); the
+    corpus rows keep the model a model of the corpus. ``copied`` holds the share of answer
+    tokens predicted right."""
     generator = torch.Generator().manual_seed(preset.seed + 2)
     torch.manual_seed(preset.seed + 2)
     optimizer = torch.optim.AdamW(
@@ -423,9 +442,9 @@ def train_tune(
     model.train()
     with cpu_threads(threads or available_cpus()):
         for step in range(preset.tune_steps):
-            picks = torch.randint(0, data.size(0), (preset.batch_size,), generator=generator)
+            picks = torch.randint(0, data.size(0), (TUNE_CORPUS_ROWS,), generator=generator)
             corpus = _loss(model, data[picks], None)
-            rows, known = corpus_copy_batch(generator, data, TUNE_ROWS)
+            rows, known = quote_batch(generator, quotes, TUNE_ROWS)
             extra, accuracy = copy_loss(model, rows, known)
             _update(model, optimizer, scheduler, corpus + extra)
             losses.append(float(corpus.detach()))
@@ -433,7 +452,7 @@ def train_tune(
             if (step + 1) % every == 0 or step == 0:
                 log(
                     f"  tune step {step + 1:4d}/{preset.tune_steps}  loss {losses[-1]:.3f}  "
-                    f"copied {_tail_mean(copied, every):.0%}  "
+                    f"quoted {_tail_mean(copied, every):.0%}  "
                     f"{time.perf_counter() - started:5.1f}s"
                 )
     model.eval()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.bench.engine_bench import _extractive_text, copied_share
+from services.bench.engine_bench import _extractive_text, copied_share, quoted_share
 
 PASSAGE = "Handlers and loggers are initialized with NOTSET so that they will log all messages"
 
@@ -21,3 +21,15 @@ def test_the_copied_share_counts_up_to_the_first_departure() -> None:
     assert copied_share(" so that they will log all messages, and more", rest) == 1.0
     assert copied_share("\nthe list is the string", rest) == 0.0
     assert copied_share("", rest) == 0.0
+
+
+def test_the_quoted_share_counts_words_that_go_on_a_run_of_the_passage() -> None:
+    assert quoted_share(PASSAGE, PASSAGE) == 1.0
+    # Skips and starts again still quote; a run of the answer's own does not.
+    skipped = "Handlers and loggers so that they will log all messages"
+    assert quoted_share(skipped, PASSAGE) == 6 / 8  # "loggers so that", "and loggers so" not
+    again = "they will log all Handlers and loggers are"
+    assert quoted_share(again, PASSAGE) == 4 / 6
+    assert quoted_share("the list is the string of the list is the string", PASSAGE) == 0.0
+    assert quoted_share("they will", PASSAGE) == 0.0  # fewer words than a run
+    assert quoted_share("", PASSAGE) == 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,15 @@ from services.model.build import (
     read_build_info,
 )
 from services.model.chat import render_chat
+from services.model.corpus import QUOTE_WORDS, quote_passages, quote_prompt
 from services.model.presets import PRESETS
 from services.model.train import (
     COPY_RUN,
     copy_batch,
-    corpus_copy_batch,
     graft,
     make_model,
+    quote_batch,
+    quote_rows,
     take_weights,
     train,
     train_copy,
@@ -355,25 +358,58 @@ def test_copy_rows_beside_the_corpus_leave_its_order_and_its_loss_figures() -> N
     assert runs[0].losses[1:] != runs[1].losses[1:]
 
 
-def test_corpus_copy_rows_repeat_or_quote_a_run_of_corpus_tokens() -> None:
-    """The tune's rows hold only corpus tokens; the first half repeat a run to the end (as
-    ``copy_batch``'s), the rest quote one run once, from earlier in the row, and mark only
-    the quote's positions after its first token."""
-    data = torch.randint(100, 200, (40, 128), generator=torch.Generator().manual_seed(4))
-    rows, known = corpus_copy_batch(torch.Generator().manual_seed(0), data, 8)
-    assert rows.shape == known.shape == (8, 128)
-    assert 100 <= int(rows.min()) and int(rows.max()) < 200
-    for i, (row, marks) in enumerate(zip(rows.tolist(), known.tolist(), strict=True)):
-        if i < 4:
-            _assert_repeats_to_end(row, marks)
-            continue
-        first = marks.index(True)
-        last = len(marks) - 1 - marks[::-1].index(True)
-        assert all(marks[first : last + 1]) and not any(marks[:first])
-        length = last - first + 2  # the quote's tokens: the marked ones and the next
-        assert COPY_RUN[0] <= length <= 48
-        quote = row[first : first + length]
-        assert any(row[s : s + length] == quote for s in range(first - length + 1)), row
+def test_quote_passages_are_runs_of_whole_words_of_the_texts() -> None:
+    texts = ["too short to quote", " ".join(f"w{i}" for i in range(100)), "a  b\tc\n" * 5]
+    passages = quote_passages(texts, random.Random(0), 200)
+    assert passages == quote_passages(texts, random.Random(0), 200)  # seeded
+    lengths = set()
+    for passage in passages:
+        words = passage.split(" ")
+        lengths.add(len(words))
+        assert QUOTE_WORDS[0] <= len(words) <= QUOTE_WORDS[1]
+        source = next(t.split() for t in texts if words[0] in t.split())
+        start = source.index(words[0])
+        assert source[start : start + len(words)] == words, passage
+    assert min(lengths) < 15 and max(lengths) > 40  # the lengths spread over the range
+    assert {"a b c a b c a b c a"} <= {p[:19] for p in passages}  # white space made single
+    with pytest.raises(ValueError, match="no text"):
+        quote_passages(["short"], random.Random(0), 1)
+
+
+def test_quote_rows_mark_the_answer_and_its_end_and_never_the_padding(built: Built) -> None:
+    """A quote row is the prompt's tokens then the answer's, as a server tokenizes them;
+    ``known`` marks the positions whose next token is the answer's (its EOT included),
+    the rows are padded on the right, and a padded row predicts as its unpadded self."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(built.folder / "tokenizer.json"))
+    tok = AutoTokenizer.from_pretrained(built.folder)
+    passages = ["a short passage of words to repeat here", "another, longer passage: " * 4]
+    prompts = [quote_prompt(p) for p in passages]
+    quotes = quote_rows(prompts, [f" {p}" for p in passages], backend, eot_id=0)
+    for quote, prompt, passage in zip(quotes, prompts, passages, strict=True):
+        assert quote.ids[: quote.answer] == tok(prompt)["input_ids"]
+        assert tok.decode(quote.ids[quote.answer : -1]) == f" {passage}"
+        assert quote.ids[-1] == 0
+    rows, known = quote_batch(torch.Generator().manual_seed(1), quotes, 6)
+    assert rows.shape[0] == known.shape[0] == 6
+    assert rows.shape[1] == max(len(q.ids) for q in quotes)
+    seen = set()
+    for row, marks in zip(rows.tolist(), known.tolist(), strict=True):
+        quote = next(q for q in quotes if row[: len(q.ids)] == q.ids)
+        seen.add(quote.answer)
+        first, last = marks.index(True), len(marks) - 1 - marks[::-1].index(True)
+        assert (first, last) == (quote.answer - 1, len(quote.ids) - 2)
+        assert all(marks[first : last + 1])
+        assert row[len(quote.ids) :] == [0] * (len(row) - len(quote.ids))
+    assert len(seen) == 2  # both rows picked
+    model = make_model(PRESETS["micro"], eot_id=0).eval()
+    shortest = min(quotes, key=lambda q: len(q.ids))
+    padded = rows[[r[: len(shortest.ids)] == shortest.ids for r in rows.tolist()].index(True)]
+    with torch.no_grad():
+        alone = model(input_ids=torch.tensor([shortest.ids])).logits[0]
+        inside = model(input_ids=padded[None]).logits[0, : len(shortest.ids)]
+    assert torch.allclose(alone, inside, atol=1e-5)
 
 
 def test_a_copy_tune_follows_the_corpus_and_is_part_of_the_recipe(
