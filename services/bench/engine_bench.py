@@ -28,7 +28,7 @@ import torch
 
 from services.bench.stats import pct
 from services.bench.workload import WORDS, Mix, Workload
-from services.model.corpus import iter_comment_passages, quote_prompt
+from services.model.corpus import iter_comment_passages, quote_answer, quote_prompt
 from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
 from services.worker.engine.grammar import GrammarCache
 from services.worker.engine.sampler import SamplingConfig
@@ -658,7 +658,7 @@ def _copy_started(passage: str) -> str:
 def _extractive_text(passage: str) -> str:
     """An instruction to repeat a passage, the passage, and the start of its copy (the
     format of small-copy's quote tune, on passages that were never its corpus)."""
-    return f"{quote_prompt(passage)} {_copy_started(passage)}"
+    return quote_prompt(passage) + quote_answer(_copy_started(passage))
 
 
 def _prose_passages(rng: random.Random, words: int, n: int) -> list[str]:

@@ -400,14 +400,14 @@ def _tune(
     """Tune ``model`` to quote passages of the corpus when asked; the build info's tune
     fields."""
     from services.model.chat import EOT
-    from services.model.corpus import quote_passages, quote_prompt
+    from services.model.corpus import quote_answer, quote_passages, quote_prompt
     from services.model.train import TUNE_ROWS, quote_rows, train_tune
 
     # Passages of the docstrings alone (``build_corpus`` ends each chat example with EOT).
     plain = [doc for doc in docs if not doc.endswith(EOT)]
     passages = quote_passages(plain, random.Random(spec.seed), spec.tune_steps * TUNE_ROWS)
     quotes = quote_rows(
-        [quote_prompt(p) for p in passages], [f" {p}" for p in passages], backend, eot_id
+        [quote_prompt(p) for p in passages], [quote_answer(p) for p in passages], backend, eot_id
     )
     log(f"[model] {spec.name}: quote tune, {spec.tune_steps} steps, {len(quotes)} passages")
     tuned = train_tune(model, data, quotes, spec, log)

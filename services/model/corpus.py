@@ -133,9 +133,13 @@ def iter_comment_passages(root: Path | None = None) -> Iterator[str]:
 
 
 def quote_prompt(passage: str) -> str:
-    """The instruction to repeat ``passage``, up to where its answer (`` `` + passage)
-    starts."""
+    """The instruction to repeat ``passage``, up to where its answer starts."""
     return _QUOTE_PROMPT.format(passage=passage)
+
+
+def quote_answer(passage: str) -> str:
+    """The answer to ``quote_prompt(passage)``, or its start for the start of a passage."""
+    return f" {passage}"
 
 
 def quote_passages(texts: Sequence[str], rng: random.Random, count: int) -> list[str]:
