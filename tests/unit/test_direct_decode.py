@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +92,7 @@ def verify_logits(
         ]
         every = step % 4 != 3  # every fourth step: a plain decode of the same rows
         logits = runner.forward(
-            items if every else [replace(it, token_ids=it.token_ids[:1]) for it in items],
+            items if every else [it._replace(token_ids=it.token_ids[:1]) for it in items],
             every_position=every,
         )
         if every:  # the positions the rows brought (shorter rows are padded)

@@ -79,9 +79,9 @@ class TokenLogprobs:
 LOGPROB_FLOOR = -9999.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a step builds one per request, and frozen ones cost 7x
 class StepOutput:
-    """What one request produced in one step."""
+    """What one request produced in one step (not changed once returned)."""
 
     request_id: str
     token_ids: list[int]
@@ -333,7 +333,7 @@ class Engine:
             seq.draft = guesses.get(seq.request_id, seq.draft)
 
     def _run(self, plan: StepPlan) -> list[StepOutput]:
-        logits: dict[str, torch.Tensor] = {}
+        logits: dict[str, tuple[torch.Tensor, int]] = {}
         failed: dict[str, str] = {}
         groups = _forward_groups(plan.work)
         passes = [self._forward(group, logits, failed) for group in groups]
@@ -363,7 +363,7 @@ class Engine:
         self,
         work: list[Work],
         lives: list[_Live],
-        logits: dict[str, torch.Tensor],
+        logits: dict[str, tuple[torch.Tensor, int]],
         whole: torch.Tensor | None = None,
     ) -> tuple[list[list[int | None]], list[list[TokenLogprobs] | None]]:
         """Each work's tokens and, when asked for, their log-probabilities. A work with a
@@ -380,31 +380,38 @@ class Engine:
 
         ``whole``: the logits of every work as one tensor, a row each in order (a step of
         plain decodes), taken as they are instead of copied together."""
-        rows: list[torch.Tensor] = []
-        row_lives: list[_Live] = []
-        row_drafts: list[list[int]] = []  # the draft tokens before each row
-        first: list[int] = []  # each work's first row
-        for w, lv in zip(work, lives, strict=True):
-            out = logits[w.seq.request_id]
-            first.append(len(row_lives))
-            rows.append(out[w.num_tokens - w.draft - 1 : w.num_tokens] if w.draft else out[None])
-            row_lives += [lv] * (w.draft + 1)
-            row_drafts += [w.seq.draft[:j] for j in range(w.draft + 1)]
-        stacked = torch.cat(rows) if whole is None else whole
+        if whole is not None:  # a row per work, none with a draft: nothing to gather
+            stacked, row_lives, first = whole, lives, list(range(len(lives)))
+            row_drafts: list[list[int]] = [[]] * len(lives)  # read only
+        else:
+            rows: list[torch.Tensor] = []
+            row_lives, row_drafts, first = [], [], []  # the draft tokens before each row
+            for w, lv in zip(work, lives, strict=True):
+                out, i = logits[w.seq.request_id]
+                first.append(len(row_lives))
+                rows.append(_rows_of(out, i, w))
+                row_lives += [lv] * (w.draft + 1)
+                row_drafts += [w.seq.draft[:j] for j in range(w.draft + 1)]
+            stacked = torch.cat(rows)
         wanted = [i for i, lv in enumerate(row_lives) if lv.req.logprobs is not None]
         # From the model's own distribution, before holds and sampling filters.
         logprobs = torch.log_softmax(stacked[wanted].float(), dim=-1) if wanted else None
         picker = self._sample(stacked, row_lives, row_drafts)
         tokens: list[list[int | None]] = []
-        row_tokens: list[int | None] = [None] * len(row_lives)
-        for w, lv, at in zip(work, lives, first, strict=True):
-            toks: list[int | None] = []
-            for j in range(w.draft + 1):
-                tok = row_tokens[at + j] = picker.pick(at + j, lv.generator)
-                toks.append(tok)
-                if tok is None or (j < w.draft and tok != w.seq.draft[j]):
-                    break
-            tokens.append(toks)
+        row_tokens: list[int | None]
+        if whole is not None:
+            row_tokens = [picker.pick(i, lv.generator) for i, lv in enumerate(lives)]
+            tokens = [[t] for t in row_tokens]
+        else:
+            row_tokens = [None] * len(row_lives)
+            for w, lv, at in zip(work, lives, first, strict=True):
+                toks: list[int | None] = []
+                for j in range(w.draft + 1):
+                    tok = row_tokens[at + j] = picker.pick(at + j, lv.generator)
+                    toks.append(tok)
+                    if tok is None or (j < w.draft and tok != w.seq.draft[j]):
+                        break
+                tokens.append(toks)
         reported = self._logprobs(logprobs, wanted, row_lives, row_tokens)
         lps = [
             [reported[at + j] for j in range(len(toks))] if lv.req.logprobs is not None else None
@@ -413,7 +420,7 @@ class Engine:
         return tokens, lps
 
     def _count_draft(self, w: Work, tokens: list[int | None]) -> None:
-        self.stats.decoded_tokens += sum(t is not None for t in tokens)
+        self.stats.decoded_tokens += len(tokens) - (tokens[-1] is None)  # None ends a run
         if w.draft:
             self.stats.spec_verifications += 1
             self.stats.spec_draft_tokens += w.draft
@@ -424,6 +431,8 @@ class Engine:
     ) -> StepOutput:
         """Emit a step's tokens of one request in order, as one output; a finish (a stop,
         the length) drops the tokens after it."""
+        if len(tokens) == 1 and tokens[0] is not None and logprobs is None:
+            return self._emit(live, tokens[0])  # a plain decode's token, as it is
         merged: StepOutput | None = None
         for i, tok in enumerate(tokens):
             if tok is None:
@@ -465,12 +474,16 @@ class Engine:
         return out
 
     def _forward(
-        self, group: list[Work], logits: dict[str, torch.Tensor], failed: dict[str, str]
+        self,
+        group: list[Work],
+        logits: dict[str, tuple[torch.Tensor, int]],
+        failed: dict[str, str],
     ) -> torch.Tensor | None:
         """One forward pass over ``group``; if it raises, its halves are retried until the
         request it fails on is alone, and only that one fails. A group with drafts gets
-        the logits of every position of the rows that carry one. Returns the pass's
-        logits, a row per work (None when it was split)."""
+        the logits of every position. ``logits`` gets, for each work that samples, the
+        pass's output and the work's row in it (``_rows_of``). Returns the pass's logits
+        (None when it was split)."""
         items = [
             RunItem(
                 w.seq.tokens(w.seq.num_computed, w.num_tokens),
@@ -500,10 +513,11 @@ class Engine:
             self._forward(group[:half], logits, failed)
             self._forward(group[half:], logits, failed)
             return None
-        for w, row in zip(group, out, strict=True):
-            if w.samples:
-                logits[w.seq.request_id] = row if w.draft or not every else row[w.num_tokens - 1]
-            if not (w.samples and w.num_tokens - w.draft == 1 and w.seq.output_ids):
+        for i, w in enumerate(group):
+            samples = w.samples
+            if samples:
+                logits[w.seq.request_id] = (out, i)
+            if not (samples and w.num_tokens - w.draft == 1 and w.seq.output_ids):
                 self.stats.prefilled_tokens += w.num_tokens
         return out
 
@@ -644,6 +658,15 @@ def _forward_groups(work: list[Work]) -> list[list[Work]]:
     if batch:
         groups.append(batch)
     return groups
+
+
+def _rows_of(out: torch.Tensor, i: int, w: Work) -> torch.Tensor:
+    """Work ``w``'s rows of logits in its pass's output, where it is row ``i``: with every
+    position's logits, a row per draft token and the one after them (the last token's
+    alone without a draft); else its one row."""
+    if out.dim() == 3:
+        return out[i, w.num_tokens - w.draft - 1 : w.num_tokens]
+    return out[i : i + 1]
 
 
 def _speculates(live: _Live) -> bool:

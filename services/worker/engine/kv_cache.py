@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from shared.prefix_hash import AFFINITY_DEPTH, chain_hash
 
@@ -46,8 +46,7 @@ class _Block:
     index: dict[int, int] | None = None  # the prefix index it is registered in
 
 
-@dataclass(frozen=True, slots=True)
-class KVBlocks:
+class KVBlocks(NamedTuple):  # a tuple: immutable and built per sequence per step, cheaply
     """What the model runner needs of one sequence (opaque to the scheduler): its block
     table, or one table per layer group (``LayerGroupsKV``)."""
 
@@ -348,6 +347,9 @@ class KVCacheManager:
         """Extend the sequence's table to hold ``upto`` tokens. On the first allocation the
         longest cached prefix (or the first ``hit`` blocks: see ``blocks_at``) is
         attached; returns the number of tokens it covers."""
+        held = self._tables.get(seq_id)
+        if held is not None and len(held) * self.block_size >= upto:
+            return 0  # its blocks hold that already (a decode, most steps)
         if self.blocks_needed(seq_id, token_ids, upto, hit) > len(self._free):
             raise OutOfBlocks(f"{seq_id}: no room for {upto} tokens")
         hit_tokens = 0

@@ -41,9 +41,9 @@ the pool.
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -58,8 +58,7 @@ from services.worker.engine.layout import AttentionLayout, UnsupportedModel, att
 MAX_VERIFY_TOKENS = 17
 
 
-@dataclass(frozen=True, slots=True)
-class RunItem:
+class RunItem(NamedTuple):  # a tuple: immutable and built per row per step, cheaply
     """Tokens ``token_ids`` at positions ``start, start+1, …`` of a sequence with blocks
     ``block_ids``; KV for positions before ``start`` is already in those blocks. For a
     model with several KV layer groups (``ModelRunner.group_windows``), ``block_ids`` holds
@@ -275,10 +274,11 @@ class _DecodeSlots:
     ) -> list[int] | None:
         """Give every item a slot in ``0 … len(items)-1`` holding its KV before ``start`` and
         return each item's slot; None (and nothing held) when the rows don't fit the limit."""
-        rows, need = len(items), max(it.start + len(it.token_ids) for it in items)
+        rows = len(items)
+        ends = [it.start + len(it.token_ids) for it in items]  # after this step's tokens
+        need = max(ends)
         if self._steady(items, need):
-            for i, it in enumerate(items):
-                self.lengths[i] = it.start + len(it.token_ids)
+            self.lengths[:rows] = ends
             return list(range(rows))
         size = self._size_for(rows, need, max(len(it.token_ids) for it in items))
         if size is None:
@@ -293,21 +293,20 @@ class _DecodeSlots:
         self.lengths = [0] * self.slots
         for i, it in enumerate(items):
             self.keys[slot[i]] = it.row_key
-            self.lengths[slot[i]] = it.start + len(it.token_ids)  # after this step's tokens
+            self.lengths[slot[i]] = ends[i]
         return slot
 
     def _steady(self, items: Sequence[RunItem], need: int) -> bool:
         """Whether the items are the rows of the last step, in their slots' order, each
         one token further (or back, after a rollback), with room for it: nothing to move,
         load or resize."""
+        rows = len(items)
         held = len(self.keys) - self.keys.count(None)
         return (
-            held == len(items)
+            held == rows
             and need <= self.capacity
-            and all(
-                self.keys[i] == it.row_key and self.lengths[i] >= it.start
-                for i, it in enumerate(items)
-            )
+            and self.keys[:rows] == [it.row_key for it in items]
+            and all(map(operator.ge, self.lengths, [it.start for it in items]))
         )
 
     def _size_for(self, rows: int, need: int, width: int = 1) -> tuple[int, int] | None:
@@ -611,16 +610,19 @@ class ModelRunner:
         dense slots."""
         dev, bs = self.device, self.block_size
         rows = len(items)
-        order = [0] * rows  # order[s]: the item in slot s
-        for i, s in enumerate(slot):
-            order[s] = i
-        ids = [items[i].token_ids[0] for i in order]
-        pos = [items[i].start for i in order]
-        tables = [self._tables(items[i]) for i in order]
-        blocks = [
-            [t[g][p // bs] for t, p in zip(tables, pos, strict=True)]
-            for g in range(len(self.group_windows))
-        ]
+        ordered = list(items)  # ordered[s]: the item in slot s
+        for it, s in zip(items, slot, strict=True):
+            ordered[s] = it
+        ids = [it.token_ids[0] for it in ordered]
+        pos = [it.start for it in ordered]
+        if len(self.group_windows) == 1:
+            blocks = [[it.block_ids[p // bs] for it, p in zip(ordered, pos, strict=True)]]
+        else:
+            tables = [it.block_ids for it in ordered]
+            blocks = [
+                [t[g][p // bs] for t, p in zip(tables, pos, strict=True)]
+                for g in range(len(self.group_windows))
+            ]
         graphs, cap = self._graphs, self._slots.capacity
         padded = None if graphs is None else bucket_rows(rows, graphs.largest)
         if padded is not None and padded * cap > self._slots.limit_tokens:

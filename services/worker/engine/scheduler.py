@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from services.worker.engine.kv_cache import KVCache
 from services.worker.engine.request import SeqState, Status
@@ -30,7 +31,12 @@ class SchedulerConfig:
     prefill_chunk: int = 256  # a long prompt is prefilled this many tokens per step
 
 
-@dataclass(frozen=True, slots=True)
+# Running and waiting sequences are kept in this order: interactive before bulk, then by
+# arrival (``SeqState.sort_key``).
+_SORT_KEY = attrgetter("priority", "arrival")
+
+
+@dataclass(slots=True)  # not frozen: a step builds one per running sequence
 class Work:
     """Process ``num_tokens`` tokens of ``seq`` starting at ``seq.num_computed``; the last
     ``draft`` of them are the sequence's draft tokens (speculation), to be verified."""
@@ -75,7 +81,7 @@ class Scheduler:
         self._enqueue(seq)
 
     def _enqueue(self, seq: SeqState) -> None:
-        bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
+        bisect.insort(self.waiting, seq, key=_SORT_KEY)
 
     def finish(self, seq: SeqState, status: Status) -> None:
         """Mark ``seq`` finished and release its KV (shared prefix blocks stay cached)."""
@@ -94,24 +100,30 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         budget = self.config.max_step_tokens
-        self.running.sort(key=lambda s: s.sort_key)
+        self.running.sort(key=_SORT_KEY)
         # Decodes first, one token each, so running streams never stall behind prefills;
         # prefill chunks share what is left of the step's token budget.
         # While a higher-priority prompt is being prefilled, lower-priority sequences sit
         # the step out: the first token of a chat request waits only for its own prefill
         # (and other chats' decodes), not for a full batch of bulk work.
-        cut = self._urgent_priority()
-        active = [s for s in self.running if cut is None or s.priority <= cut]
-        decoding = [s for s in active if not s.in_prefill]
-        prefilling = [s for s in active if s.in_prefill]
+        decoding: list[SeqState] = []
+        prefilling: list[SeqState] = []
+        for s in self.running:
+            (prefilling if s.in_prefill else decoding).append(s)
+        cut = self._urgent_priority(prefilling)
+        if cut is not None:
+            decoding = [s for s in decoding if s.priority <= cut]
+            prefilling = [s for s in prefilling if s.priority <= cut]
+        chunk = self.config.prefill_chunk
         for seq in decoding + prefilling:
             if budget <= 0:
                 break
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this step
-            n = min(seq.num_uncomputed, budget, self.config.prefill_chunk)
+            n = min(seq.num_uncomputed, budget, chunk)
             # A draft rides along with a decode while the budget has room for it.
-            del seq.draft[min(len(seq.draft), budget - n) if not seq.in_prefill else 0 :]
+            if seq.draft:
+                del seq.draft[min(len(seq.draft), budget - n) if not seq.in_prefill else 0 :]
             if seq.draft and not self.kv.can_allocate(
                 seq.request_id, seq.all_ids, seq.num_computed + n + len(seq.draft)
             ):
@@ -128,13 +140,14 @@ class Scheduler:
         self._admit(plan, budget, cut)
         return plan
 
-    def _urgent_priority(self) -> int | None:
-        """The priority of the most urgent prompt this step would prefill, when a running
-        sequence has a lower one; otherwise None (everything runs)."""
-        lowest = max((s.priority for s in self.running), default=None)
-        if lowest is None:
+    def _urgent_priority(self, prefilling: list[SeqState]) -> int | None:
+        """The priority of the most urgent prompt this step would prefill (the running
+        ``prefilling`` ones or the first waiting one), when a running sequence has a lower
+        one; otherwise None (everything runs)."""
+        if not self.running:
             return None
-        urgent = min((s.priority for s in self.running if s.in_prefill), default=lowest)
+        lowest = self.running[-1].priority  # sorted by priority
+        urgent = min((s.priority for s in prefilling), default=lowest)
         if self.waiting and self.waiting[0].priority < urgent and self._admissible(self.waiting[0]):
             urgent = self.waiting[0].priority
         return urgent if urgent < lowest else None
