@@ -552,8 +552,9 @@ class Engine:
         for i, (lv, draft) in enumerate(zip(lives, drafts, strict=True)):
             # A grammar decides when its output may end: holding EOS past its completion
             # would leave the row nothing to pick.
-            made = len(lv.seq.output_ids) + len(draft)
-            if lv.constraint is None and made < lv.req.min_tokens:
+            if not lv.req.min_tokens or lv.constraint is not None:
+                continue
+            if len(lv.seq.output_ids) + len(draft) < lv.req.min_tokens:
                 ids = [t for t in lv.stop_ids if t < self.vocab_size]
                 rows += [i] * len(ids)
                 cols += ids
