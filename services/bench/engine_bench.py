@@ -8,7 +8,10 @@ log-probabilities, with penalties and logit biases, or constrained to a JSON sch
 against the same requests plain; and n-gram speculation against none, for one request on
 extractive prompts (the answer copies from the prompt: passages of common words, and of
 prose the model never trained on) and for a batch of the chat mix, with EOS held until
-each request's length, and how much of its passage each answer copies.
+each request's length, and how much of its passage each answer copies; and, with the
+engine against ``generate`` in alternating rounds, where a decode step's time goes at the
+highest concurrency (the runner's pass, and the engine's own scheduling, sampling and
+emitting).
 """
 
 from __future__ import annotations
@@ -554,7 +557,53 @@ def overhead(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict
             "ratios": ratios,
             "median_ratio": statistics.median(ratios),
         }
+    out["decode_step"] = decode_step_split(model, tok, batch, ecfg)
     return out
+
+
+# Steady decode steps timed in ``decode_step_split``.
+SPLIT_STEPS = 32
+
+
+def decode_step_split(
+    model: Any, tok: Any, prompts: list[list[int]], ecfg: EngineConfig, steps: int = SPLIT_STEPS
+) -> dict[str, Any]:
+    """Where a decode step's time goes with every prompt decoding at once (after their
+    prefill): the median step, the median of the runner's pass in it (its inputs' preparation
+    and the model's forward, waited for on a GPU), and the median of the rest, the engine's
+    own scheduling, sampling and emitting. Nothing overlaps that rest with the model's
+    pass, so on a GPU, where the pass is fast, it bounds the engine against a static batch."""
+    engine = Engine(model, tok, ecfg)
+    for i, p in enumerate(prompts):
+        engine.add_request(EngineRequest(f"d{i}", p, max_tokens=steps + 8, ignore_eos=True))
+    while engine.scheduler.waiting or any(s.in_prefill for s in engine.scheduler.running):
+        engine.step()
+    engine.step()  # the first step of decodes alone places their rows
+    passes: list[float] = []
+    forward = engine.runner.forward
+
+    def timed_pass(*args: Any, **kwargs: Any) -> torch.Tensor:
+        _sync()
+        t0 = time.perf_counter()
+        logits = forward(*args, **kwargs)
+        _sync()
+        passes.append(time.perf_counter() - t0)
+        return logits
+
+    engine.runner.forward = timed_pass  # type: ignore[method-assign]
+    step_s: list[float] = []
+    pass_s: list[float] = []
+    for _ in range(steps):
+        before = len(passes)
+        step_s.append(_timed(engine.step))
+        pass_s.append(sum(passes[before:]))
+    return {
+        "rows": len(prompts),
+        "steps": steps,
+        "step_ms": 1e3 * statistics.median(step_s),
+        "pass_ms": 1e3 * statistics.median(pass_s),
+        "own_ms": 1e3 * statistics.median(a - b for a, b in zip(step_s, pass_s, strict=True)),
+    }
 
 
 def _alternating(
@@ -731,7 +780,7 @@ def _constrained(
 def _print_rounds(what: str, part: dict[str, Any]) -> None:
     """A part timed in alternating rounds: each of its figures' median ratio and rounds."""
     for key, r in part.items():
-        if isinstance(r, dict):
+        if isinstance(r, dict) and "ratios" in r:
             print(
                 f"{what} ({key.replace('_', ' ')}), {part['rounds']} alternating rounds: "
                 f"median {r['median_ratio']:.2f}x (rounds "
@@ -803,6 +852,14 @@ def print_table(rep: Report) -> None:
                 )
             )
     _print_rounds("engine vs generate", rep.overhead)
+    split = rep.overhead.get("decode_step")
+    if split:
+        print(
+            f"decode step at {split['rows']} rows (medians of {split['steps']}): "
+            f"{split['step_ms']:.2f} ms, the runner's pass {split['pass_ms']:.2f} ms, the "
+            f"engine's own {split['own_ms']:.2f} ms "
+            f"({1e3 * split['own_ms'] / split['rows']:.1f} us a row)"
+        )
     _print_rounds("int8 weights vs full precision", rep.int8)
     if rep.padding:
         pads = rep.padding["padded"]

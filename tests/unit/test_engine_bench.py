@@ -1,8 +1,19 @@
-"""The engine benchmark's extractive prompts and how much of a passage an answer copies."""
+"""The engine benchmark's extractive prompts, how much of a passage an answer copies, and
+the split of a decode step's time."""
 
 from __future__ import annotations
 
-from services.bench.engine_bench import _extractive_text, copied_share, quoted_share
+import random
+from typing import Any
+
+from services.bench.engine_bench import (
+    _extractive_text,
+    _prompts,
+    copied_share,
+    decode_step_split,
+    quoted_share,
+)
+from services.worker.engine.engine import EngineConfig
 
 PASSAGE = "Handlers and loggers are initialized with NOTSET so that they will log all messages"
 
@@ -33,3 +44,14 @@ def test_the_quoted_share_counts_words_that_go_on_a_run_of_the_passage() -> None
     assert quoted_share("the list is the string of the list is the string", PASSAGE) == 0.0
     assert quoted_share("they will", PASSAGE) == 0.0  # fewer words than a run
     assert quoted_share("", PASSAGE) == 0.0
+
+
+def test_a_decode_step_splits_into_the_runners_pass_and_the_engines_own_time(
+    lm: tuple[Any, Any],
+) -> None:
+    model, tok = lm
+    prompts = _prompts(8, 24, model.config.vocab_size, random.Random(0))
+    split = decode_step_split(model, tok, prompts, EngineConfig(kv_budget_tokens=2048), steps=6)
+    assert (split["rows"], split["steps"]) == (8, 6)
+    assert 0 < split["pass_ms"] < split["step_ms"]
+    assert 0 < split["own_ms"] < split["step_ms"]
