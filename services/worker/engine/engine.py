@@ -337,11 +337,15 @@ class Engine:
         failed: dict[str, str] = {}
         groups = _forward_groups(plan.work)
         passes = [self._forward(group, logits, failed) for group in groups]
-        # One pass of plain decodes: its logits are the step's rows, a row each, in order.
-        plain = len(groups) == 1 and all(w.num_tokens == 1 and w.samples for w in plan.work)
+        # One pass of plain decodes, each sampled: its logits are the step's rows, in order.
+        plain = (
+            len(groups) == 1
+            and len(logits) == len(plan.work)
+            and all(w.num_tokens == 1 for w in plan.work)
+        )
         whole = passes[0] if plain else None
         outputs = [self._fail(self._live[rid], why) for rid, why in failed.items()]
-        work = [w for w in plan.work if w.seq.request_id in logits]
+        work = plan.work if plain else [w for w in plan.work if w.seq.request_id in logits]
         if not work:
             self.scheduler.complete(plan)  # the failed ones are finished: it skips them
             return outputs
