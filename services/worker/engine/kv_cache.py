@@ -312,7 +312,15 @@ class KVCacheManager:
     # --- allocation ----------------------------------------------------------------------
     def can_allocate(self, seq_id: str, token_ids: Sequence[int], upto: int) -> bool:
         """Whether the sequence's table can be extended to hold ``upto`` tokens."""
+        if self._holds(seq_id, upto):
+            return True
         return self.blocks_needed(seq_id, token_ids, upto) <= len(self._free)
+
+    def _holds(self, seq_id: str, upto: int) -> bool:
+        """Whether the sequence's blocks hold ``upto`` tokens already (a decode, most steps:
+        checked before counting blocks)."""
+        held = self._tables.get(seq_id)
+        return held is not None and len(held) * self.block_size >= upto
 
     def blocks_needed(
         self, seq_id: str, token_ids: Sequence[int], upto: int, hit: int | None = None
@@ -347,9 +355,8 @@ class KVCacheManager:
         """Extend the sequence's table to hold ``upto`` tokens. On the first allocation the
         longest cached prefix (or the first ``hit`` blocks: see ``blocks_at``) is
         attached; returns the number of tokens it covers."""
-        held = self._tables.get(seq_id)
-        if held is not None and len(held) * self.block_size >= upto:
-            return 0  # its blocks hold that already (a decode, most steps)
+        if self._holds(seq_id, upto):
+            return 0
         if self.blocks_needed(seq_id, token_ids, upto, hit) > len(self._free):
             raise OutOfBlocks(f"{seq_id}: no room for {upto} tokens")
         hit_tokens = 0

@@ -65,11 +65,11 @@ class SeqState:
 
     @property
     def num_uncomputed(self) -> int:
-        return self.num_tokens - self.num_computed
+        return len(self.all_ids) - self.num_computed
 
     @property
     def in_prefill(self) -> bool:
-        return self.num_uncomputed > 1
+        return len(self.all_ids) - self.num_computed > 1  # read for every sequence each step
 
     @property
     def sort_key(self) -> tuple[int, int]:
