@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one run (a few minutes on one H200): the engine's unit
 # tests on CUDA, `bench engine` on small's shapes (random weights) in fp32 and bf16 with
-# and without CUDA graphs against generate's static batch, the llama-1b preset against the
+# and without CUDA graphs against generate's static batch, where a 256-row decode step's
+# time goes (the runner's pass and the engine's own), the llama-1b preset against the
 # memory-bandwidth roofline, and generate in both precisions alternating in one process.
 # Usage: infra/gpu-checks.sh [OUT_DIR]   (PY: a Python with a CUDA torch, transformers and
 # the project's packages: the CLI imports pydantic, orjson, redis, aiokafka, httpx and
 # prometheus_client to parse its commands; default python3; the models are built into
 # $TOKENWIRE_CACHE).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${1:-reports/gpu}
 PY=${PY:-python3}
 mkdir -p "$OUT"
@@ -45,6 +46,11 @@ bench_small() {
 }
 
 bench_small float32
+
+step "the engine's own time in a 256-row step, small's shapes, fp32"
+timeout 150 "$PY" -m services.cli bench engine --model-dir "$MODELS/small-random" --device cuda \
+  --dtype float32 --concurrency 256 --only overhead --no-generate-batch \
+  --out "$OUT/engine_cuda_overhead.json" 2>&1 | grep -E "alternating|decode step"
 
 step "llama-1b against the roofline (bf16)"
 timeout 150 "$PY" -m services.cli bench engine --model-dir "$LLAMA" --device cuda --dtype bfloat16 \
