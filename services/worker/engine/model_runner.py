@@ -615,14 +615,11 @@ class ModelRunner:
             ordered[s] = it
         ids = [it.token_ids[0] for it in ordered]
         pos = [it.start for it in ordered]
-        if len(self.group_windows) == 1:
-            blocks = [[it.block_ids[p // bs] for it, p in zip(ordered, pos, strict=True)]]
-        else:
-            tables = [it.block_ids for it in ordered]
-            blocks = [
-                [t[g][p // bs] for t, p in zip(tables, pos, strict=True)]
-                for g in range(len(self.group_windows))
-            ]
+        tables = [self._tables(it) for it in ordered]
+        blocks = [
+            [t[g][p // bs] for t, p in zip(tables, pos, strict=True)]
+            for g in range(len(self.group_windows))
+        ]
         graphs, cap = self._graphs, self._slots.capacity
         padded = None if graphs is None else bucket_rows(rows, graphs.largest)
         if padded is not None and padded * cap > self._slots.limit_tokens:

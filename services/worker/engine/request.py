@@ -69,7 +69,7 @@ class SeqState:
 
     @property
     def in_prefill(self) -> bool:
-        return len(self.all_ids) - self.num_computed > 1  # read for every sequence each step
+        return self.num_uncomputed > 1
 
     @property
     def sort_key(self) -> tuple[int, int]:

@@ -170,7 +170,7 @@ class Scheduler:
         """Make room for ``n`` more tokens of ``seq``, preempting the lowest-priority, most
         recent running sequences (possibly ``seq`` itself) while memory is short."""
         while not self.kv.can_allocate(seq.request_id, seq.all_ids, seq.num_computed + n):
-            victim = max(self.running, key=lambda s: s.sort_key)
+            victim = max(self.running, key=_SORT_KEY)
             plan.work = [w for w in plan.work if w.seq is not victim]
             self._preempt(victim, plan)
             if victim is seq:
