@@ -402,20 +402,15 @@ class Engine:
         logprobs = torch.log_softmax(stacked[wanted].float(), dim=-1) if wanted else None
         picker = self._sample(stacked, row_lives, row_drafts)
         tokens: list[list[int | None]] = []
-        row_tokens: list[int | None]
-        if whole is not None:
-            row_tokens = [picker.pick(i, lv.generator) for i, lv in enumerate(lives)]
-            tokens = [[t] for t in row_tokens]
-        else:
-            row_tokens = [None] * len(row_lives)
-            for w, lv, at in zip(work, lives, first, strict=True):
-                toks: list[int | None] = []
-                for j in range(w.draft + 1):
-                    tok = row_tokens[at + j] = picker.pick(at + j, lv.generator)
-                    toks.append(tok)
-                    if tok is None or (j < w.draft and tok != w.seq.draft[j]):
-                        break
-                tokens.append(toks)
+        row_tokens: list[int | None] = [None] * len(row_lives)
+        for w, lv, at in zip(work, lives, first, strict=True):
+            toks: list[int | None] = []
+            for j in range(w.draft + 1):
+                tok = row_tokens[at + j] = picker.pick(at + j, lv.generator)
+                toks.append(tok)
+                if tok is None or (j < w.draft and tok != w.seq.draft[j]):
+                    break
+            tokens.append(toks)
         reported = self._logprobs(logprobs, wanted, row_lives, row_tokens)
         lps = [
             [reported[at + j] for j in range(len(toks))] if lv.req.logprobs is not None else None
@@ -435,8 +430,6 @@ class Engine:
     ) -> StepOutput:
         """Emit a step's tokens of one request in order, as one output; a finish (a stop,
         the length) drops the tokens after it."""
-        if len(tokens) == 1 and tokens[0] is not None and logprobs is None:
-            return self._emit(live, tokens[0])  # a plain decode's token, as it is
         merged: StepOutput | None = None
         for i, tok in enumerate(tokens):
             if tok is None:
