@@ -50,12 +50,11 @@ from tests.integration.test_kafka_outage import (
     SAMPLE,
     UNLIMITED,
     Load,
-    Refused,
     Served,
     check_clients,
     client_loop,
-    one_request,
     served_at_least,
+    tried_again,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -235,9 +234,7 @@ async def test_the_leader_broker_killed_under_load_loses_and_repeats_nothing(
             await served_at_least(st, load, served_away + 2 * CLIENTS)
             stop.set()
             await asyncio.gather(*clients, replying)
-            retried: list[Served | Refused] = [
-                await one_request(http, url, r.prompt) for r in load.refused
-            ]
+            retried = [await tried_again(http, url, r) for r in load.refused]
             got = await completions(st, set(accepted), within_s=90)
             served_rids = [s.request_id for s in [*load.served, *retried] if isinstance(s, Served)]
             await rec.wait_finished({*served_rids, *accepted}, within_s=60, stack=st)

@@ -87,6 +87,7 @@ class Refused:
     retry_after: str | None
     answered_s: float
     body: str
+    at: float = field(default_factory=time.monotonic)  # when it came back
 
 
 @dataclass
@@ -150,6 +151,20 @@ async def one_request(http: httpx.AsyncClient, url: str, prompt: str) -> Served 
                 if "error" in chunk:
                     served.finish.append(f"error: {chunk['error']}")
         return served
+
+
+async def tried_again(
+    http: httpx.AsyncClient, url: str, refused: Refused, tries: int = 3
+) -> Served | Refused:
+    """``refused``'s request sent again, as a client told to retry does: up to ``tries``
+    times, each refusal's Retry-After waited out before the next."""
+    outcome = await one_request(http, url, refused.prompt)
+    for _ in range(tries - 1):
+        if isinstance(outcome, Served):
+            break
+        await asyncio.sleep(float(outcome.retry_after or 1))
+        outcome = await one_request(http, url, refused.prompt)
+    return outcome
 
 
 async def client_loop(
@@ -341,7 +356,7 @@ async def run_outage(
             at["recovered"] = time.monotonic()
             stop.set()
             await asyncio.gather(*clients, *await newcomers)
-            retried = [await one_request(http, url, r.prompt) for r in load.refused]
+            retried = [await tried_again(http, url, r) for r in load.refused]
             got = await completions(st, reply_ids, within_s=60)
             at["checked"] = time.monotonic()
             expected = await reference

@@ -13,9 +13,9 @@ also checked alone through a failover.)
   exactly once (SSE ids contiguous from 0, one final event, ``[DONE]``) as an undisturbed run
   answers it, and each replay log holds seqs 0..n with no gap and no duplicate. A request
   refused while the slot had no master gets 503 with Retry-After and succeeds when tried
-  again.
+  again after it.
 - The killed master's replica is promoted; the killed node, started again, rejoins as a
-  replica. No process exits.
+  replica, and the clients are served on. No process exits.
 - A connection closed by another task while a command is sent on it (what the cluster
   client does to busy connections after a failover) raises an outage error, plain or
   cluster, and the client goes on.
@@ -53,13 +53,13 @@ from tests.integration.test_kafka_outage import (
     PROMPTS,
     UNLIMITED,
     Load,
-    Refused,
     Served,
     check_clients,
     check_served,
     client_loop,
     one_request,
     served_at_least,
+    tried_again,
     undisturbed,
 )
 
@@ -328,11 +328,11 @@ async def test_the_cluster_profile_survives_a_redis_master_killed_under_load(
             await served_at_least(st, load, served_then + 2 * len(clients))
             await asyncio.to_thread(redis_cluster.start, node)
             at["restarted"] = time.monotonic()
+            await served_at_least(st, load, len(load.served) + 2 * len(clients))
             stop.set()
             await asyncio.gather(*clients)
-            retried: list[Served | Refused] = []
-            for r in load.refused:
-                retried.append(await one_request(http, st.url() + "/v1/completions", r.prompt))
+            url = st.url() + "/v1/completions"
+            retried = [await tried_again(http, url, r) for r in load.refused]
             expected = await reference
         st.check_alive()
         assert victim not in (await topology(st)).masters
@@ -346,7 +346,8 @@ async def test_the_cluster_profile_survives_a_redis_master_killed_under_load(
     at["end"] = time.monotonic()
     print(
         f"master {victim} killed (served {shards[victim]} of {sum(shards.values())} requests "
-        f"so far); {len(load.served)} served, {len(load.refused)} refused; "
+        f"so far); {len(load.served)} served, {len(load.refused)} refused "
+        f"(at {', '.join(f'+{r.at - t0:.1f}s' for r in load.refused)}); "
         + ", ".join(f"{k} at +{v - t0:.1f}s" for k, v in at.items())
     )
     check_clients(load, retried, expected)
