@@ -350,6 +350,11 @@ async def test_the_cluster_profile_survives_a_redis_master_killed_under_load(
         f"(at {', '.join(f'+{r.at - t0:.1f}s' for r in load.refused)}); "
         + ", ".join(f"{k} at +{v - t0:.1f}s" for k, v in at.items())
     )
+    for edge in EDGES:  # what made an edge refuse, should a check below fail
+        log = (st.log_dir / f"{st.prefix}-{edge}.log").read_text(errors="replace")
+        print(
+            f"--- {edge}'s warnings", *(w for w in log.splitlines() if '"WARNING"' in w), sep="\n"
+        )
     check_clients(load, retried, expected)
     for worker in ("worker", "worker2"):  # both workers served
         assert '"msg":"finished' in (st.log_dir / f"{st.prefix}-{worker}.log").read_text()
