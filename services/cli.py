@@ -67,7 +67,7 @@ def _draft_model_dir(name: str) -> str:
 
 def worker_engine_spec(settings: WorkerSettings) -> EngineSpec:
     """The engine process a worker of ``settings`` starts: model, device and engine sizes."""
-    from services.worker.engine.engine import EngineConfig
+    from services.worker.engine.wire import EngineConfig
     from services.worker.runtime import EngineSpec
 
     return EngineSpec(
@@ -95,8 +95,6 @@ def worker_engine_spec(settings: WorkerSettings) -> EngineSpec:
 
 
 def cmd_worker(_: argparse.Namespace) -> None:
-    from transformers import AutoTokenizer
-
     from services.worker.config import WorkerSettings
     from services.worker.runtime import EngineProcess
     from services.worker.service import WorkerService
@@ -107,10 +105,15 @@ def cmd_worker(_: argparse.Namespace) -> None:
     setup_logging("worker", settings.log_level)
     spec = worker_engine_spec(settings)
     runner = EngineProcess(spec)
-    runner.start()  # loads the model in the engine process
-    route_transformers_logs()
+    # The engine process loads the model while this one loads the tokenizer (transformers
+    # imports torch for it: seconds on a small machine).
+    runner.launch()
     try:
+        from transformers import AutoTokenizer
+
+        route_transformers_logs()
         tokenizer = AutoTokenizer.from_pretrained(settings.model_dir, local_files_only=True)
+        runner.wait_ready()
         logging.getLogger("tokenwire.worker").info(
             "worker %s serving %s (engine pid %s)",
             settings.worker_id,

@@ -15,7 +15,8 @@ class Baselines:
     one request at a time, on the same model and requests as the pipeline."""
 
     def __init__(self, model_dir: str) -> None:
-        from services.worker.engine.engine import Engine, EngineConfig
+        from services.worker.engine.engine import Engine
+        from services.worker.engine.wire import EngineConfig
         from services.worker.loader import load_model
 
         self.model, self.tokenizer = load_model(model_dir)
@@ -32,7 +33,7 @@ class Baselines:
         """tokens/s with ``concurrency`` requests kept in flight (taken from the end, as the
         pipeline's clients do), and each request's time from submission to its first text
         (what a streaming client sees first: a token that ends mid-character has none)."""
-        from services.worker.engine.engine import EngineRequest
+        from services.worker.engine.wire import EngineRequest
 
         engine, queue = self.engine, self.jobs(bodies)
         inflight = produced = 0

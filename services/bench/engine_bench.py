@@ -32,10 +32,10 @@ import torch
 from services.bench.stats import pct
 from services.bench.workload import WORDS, Mix, Workload
 from services.model.corpus import iter_comment_passages, quote_answer, quote_prompt
-from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
+from services.worker.engine.engine import Engine
 from services.worker.engine.grammar import GrammarCache
-from services.worker.engine.sampler import SamplingConfig
 from services.worker.engine.speculation import SpecConfig
+from services.worker.engine.wire import EngineConfig, EngineRequest, SamplingConfig
 
 # The parts of the benchmark after the throughput rows, each skippable.
 SECTIONS = ("prefix", "features", "speculation", "draft", "overhead", "int8", "padding")

@@ -16,7 +16,7 @@ from aiokafka.errors import KafkaError
 
 from services.worker.claims import Claims
 from services.worker.config import WorkerSettings
-from services.worker.engine.engine import StepOutput
+from services.worker.engine.wire import StepOutput
 from services.worker.events import RequestState
 from services.worker.metrics import WorkerMetrics
 from services.worker.offsets import OffsetTracker

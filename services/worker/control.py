@@ -12,7 +12,7 @@ from aiokafka.errors import KafkaError
 
 from services.worker.config import WorkerSettings
 from services.worker.context import WorkerContext
-from services.worker.engine.engine import EngineStats
+from services.worker.engine.wire import EngineStats
 from services.worker.events import RequestState
 from services.worker.intake import Intake
 from services.worker.requests import Phase

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.worker.engine.engine import StepOutput
 from services.worker.engine.request import Status
+from services.worker.engine.wire import StepOutput
 from services.worker.requests import Phase
 from shared.messages import (
     Completion,

@@ -16,8 +16,7 @@ from aiokafka.structs import ConsumerRecord
 
 from services.worker.claims import POISON_ATTEMPTS, Claim
 from services.worker.context import WorkerContext
-from services.worker.engine.engine import EngineRequest
-from services.worker.engine.sampler import SamplingConfig
+from services.worker.engine.wire import EngineRequest, SamplingConfig
 from services.worker.events import RequestState
 from services.worker.output import Output
 from services.worker.requests import Phase

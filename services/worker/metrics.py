@@ -6,7 +6,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.worker.engine.engine import EngineStats
+from services.worker.engine.wire import EngineStats
 from shared.messages import GenerateRequest, TokenEvent
 from shared.metrics import FAST_BUCKETS, LATENCY_BUCKETS
 from shared.retry import DependencyMetrics

@@ -8,7 +8,7 @@ import logging
 import time
 
 from services.worker.context import WorkerContext
-from services.worker.engine.engine import StepOutput
+from services.worker.engine.wire import StepOutput
 from services.worker.events import RequestState
 from services.worker.requests import Phase
 from services.worker.runtime import EngineFailed

@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from services.worker.engine.engine import EngineConfig, EngineRequest, EngineStats, StepOutput
+from services.worker.engine.wire import EngineConfig, EngineRequest, EngineStats, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +112,18 @@ class EngineProcess:
 
     def start(self, timeout: float = 600.0) -> None:
         """Start the process and wait until its engine is built; ``EngineFailed`` if not."""
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the process: it builds its engine while the caller goes on."""
         self._proc.start()
         assert self._child_conn is not None
         self._child_conn.close()  # so that the child's death reads as EOF here
         self._child_conn = None
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        """Wait until the launched process has built its engine; ``EngineFailed`` if not."""
         if not self._conn.poll(timeout):
             self._proc.kill()
             raise EngineFailed(f"the engine did not start within {timeout:.0f} s")

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from services.worker.engine.engine import Engine, EngineConfig, EngineRequest, StepOutput
+from services.worker.engine.engine import Engine
 from services.worker.engine.request import Status
-from services.worker.engine.sampler import SamplingConfig
+from services.worker.engine.wire import EngineConfig, EngineRequest, SamplingConfig, StepOutput
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -13,7 +13,7 @@ from services.bench.engine_bench import (
     decode_step_split,
     quoted_share,
 )
-from services.worker.engine.engine import EngineConfig
+from services.worker.engine.wire import EngineConfig
 
 PASSAGE = "Handlers and loggers are initialized with NOTSET so that they will log all messages"
 

@@ -12,9 +12,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.worker.engine.engine import Engine, EngineConfig, EngineRequest, StepOutput
+from services.worker.engine.engine import Engine
 from services.worker.engine.request import Status
-from services.worker.engine.sampler import Picker, SamplingConfig
+from services.worker.engine.sampler import Picker
+from services.worker.engine.wire import EngineConfig, EngineRequest, SamplingConfig, StepOutput
 from shared.messages import MAX_STOP_STRINGS, SEED_MAX, SamplingParams
 from tests.unit.test_engine import collect, random_ids, reference
 

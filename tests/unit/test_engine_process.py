@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from services.worker.engine.engine import Engine, EngineConfig, EngineRequest, StepOutput
+from services.worker.engine.engine import Engine
+from services.worker.engine.wire import EngineConfig, EngineRequest, StepOutput
 from services.worker.runtime import EngineFailed, EngineProcess, EngineSpec
 from tests.unit.conftest import DEVICE, DTYPE
 
@@ -147,6 +148,20 @@ def test_a_model_that_cannot_load_fails_start(tmp_path: Path) -> None:
     proc = EngineProcess(EngineSpec(str(tmp_path / "missing"), torch_threads=1))
     with pytest.raises(EngineFailed, match="failed to start"):
         proc.start(120)
+
+
+def test_the_worker_leaves_torch_to_its_engine_process() -> None:
+    """The worker's own process imports its service, the engine's wire types and the
+    process runner without torch or transformers: it starts its engine process first, which
+    imports them and loads the model meanwhile."""
+    code = (
+        "import sys, services.cli, services.worker.service, services.worker.runtime\n"
+        "print(sorted(m for m in sys.modules if m.partition('.')[0] in ('torch', 'transformers')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_engine_process_dies_with_its_worker(model_dir: str) -> None:

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 import torch
 
-from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
+from services.worker.engine.engine import Engine
 from services.worker.engine.layout import SUPPORTED, UnsupportedModel, attention_layout
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import Status
+from services.worker.engine.wire import EngineConfig, EngineRequest
 from services.worker.loader import load_model
 from tests.tiny_models import ARCHS, REFUSED, VOCAB, WINDOW, build_tiny, save_tiny, tiny_config
 from tests.unit.test_engine import collect, reference

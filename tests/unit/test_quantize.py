@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
-from services.worker.engine.engine import Engine, EngineConfig, EngineRequest
+from services.worker.engine.engine import Engine
+from services.worker.engine.wire import EngineConfig, EngineRequest
 from services.worker.loader import load_model
 from tests.unit.test_engine import collect, random_ids, reference
 

@@ -10,14 +10,8 @@ from collections import Counter
 import pytest
 import torch
 
-from services.worker.engine.sampler import (
-    MAX_BLOCK,
-    Picker,
-    SamplingConfig,
-    adjust,
-    make_generator,
-    row_max,
-)
+from services.worker.engine.sampler import MAX_BLOCK, Picker, adjust, make_generator, row_max
+from services.worker.engine.wire import SamplingConfig
 
 CPU = torch.device("cpu")
 VOCAB = 50

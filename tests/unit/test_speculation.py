@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from services.worker.engine.draft import DraftModel, DraftUnsupported, DraftWant
-from services.worker.engine.engine import Engine, EngineConfig, EngineRequest, StepOutput
+from services.worker.engine.engine import Engine
 from services.worker.engine.kv_cache import KVCacheManager
 from services.worker.engine.request import SeqState, Status
-from services.worker.engine.sampler import SamplingConfig
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig
 from services.worker.engine.speculation import SpecConfig, propose
+from services.worker.engine.wire import EngineConfig, EngineRequest, SamplingConfig, StepOutput
 from shared.prefix_hash import chain_hash
 
 pytestmark = pytest.mark.timeout(600)
@@ -403,7 +403,7 @@ def _chi2_critical(dof: int) -> float:
 
 
 def test_worker_metrics_count_drafts_and_accepted_tokens() -> None:
-    from services.worker.engine.engine import EngineStats
+    from services.worker.engine.wire import EngineStats
     from services.worker.metrics import WorkerMetrics
 
     metrics = WorkerMetrics("w")

@@ -20,8 +20,8 @@ from aiokafka.errors import (
 from services.worker.config import WorkerSettings
 from services.worker.context import WorkerContext
 from services.worker.control import heartbeat_of
-from services.worker.engine.engine import EngineStats, StepOutput
 from services.worker.engine.request import Status
+from services.worker.engine.wire import EngineStats, StepOutput
 from services.worker.events import RequestState
 from services.worker.metrics import WorkerMetrics
 from services.worker.output import Output

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,110 +22,23 @@ from services.worker.engine.grammar import (
 from services.worker.engine.kv_cache import kv_cache_for
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import SeqState, Status
-from services.worker.engine.sampler import Picker, SamplingConfig, adjust, make_generator
+from services.worker.engine.sampler import Picker, adjust, make_generator
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig, StepPlan, Work
-from services.worker.engine.speculation import SpecConfig, propose
+from services.worker.engine.speculation import propose
 from services.worker.engine.text import TextStream, incremental_decoders
+from services.worker.engine.wire import (
+    EngineConfig,
+    EngineRequest,
+    EngineStats,
+    StepOutput,
+    TokenLogprobs,
+)
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """The engine's sizes: KV pool and blocks, running cap, tokens per step, prefill chunk, prefix cache."""
-
-    block_size: int = 16
-    kv_budget_tokens: int = 65_536
-    # When set, the KV pool's size in bytes instead: tokens from the model's own layout.
-    kv_budget_bytes: int | None = None
-    max_running: int = 64
-    max_step_tokens: int = 1024
-    prefill_chunk: int = 256
-    enable_prefix_cache: bool = True
-    speculation: SpecConfig = field(default_factory=SpecConfig)  # n-gram drafts (k 0: off)
-    cuda_graphs: bool = True  # decode steps replayed from CUDA graphs, on a GPU
-    pad_products: bool = True  # a CPU's products of a few rows padded where faster (direct.py)
-
-
-@dataclass(slots=True)
-class EngineRequest:
-    """A request as the engine takes it: token ids plus how to sample and when to stop."""
-
-    request_id: str
-    prompt_ids: list[int]
-    max_tokens: int = 16
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    stop: Sequence[str] = ()
-    stop_token_ids: Sequence[int] = ()
-    include_stop: bool = False  # keep the stop string (or stop id's text) that ended it
-    ignore_eos: bool = False
-    min_tokens: int = 0  # EOS and stop token ids cannot end it before this many tokens
-    logprobs: int | None = None  # each token's log-probability and this many alternatives
-    structure: tuple[str, str] | None = None  # (kind, spec): a grammar the output follows
-    priority: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprobs:
-    """A sampled token's log-probability under the model (before any sampling filter)
-    and the most likely tokens' ``(id, log-probability)``, best first."""
-
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
 # What a log-probability of minus infinity is reported as (JSON has no infinity), as vLLM.
 LOGPROB_FLOOR = -9999.0
-
-
-@dataclass(slots=True)  # not frozen: a step builds one per request, and frozen ones cost 7x
-class StepOutput:
-    """What one request produced in one step (not changed once returned)."""
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    finish: Status | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    error: str | None = None
-    error_code: str = "invalid_request"  # the request's input, or "engine_error"
-    logprobs: list[TokenLogprobs] | None = None  # one per token id, when asked for
-
-
-@dataclass(slots=True)
-class EngineStats:
-    """The engine's counters and gauges, sent to the worker with each step."""
-
-    running: int = 0
-    waiting: int = 0
-    steps: int = 0
-    kv_blocks: int = 0
-    kv_used_blocks: int = 0
-    kv_peak_used_blocks: int = 0
-    kv_cached_blocks: int = 0
-    block_size: int = 16
-    kv_groups: int = 1  # layer groups drawing on the pool: a token takes a block slot in each
-    kv_bytes_per_token: int = 0  # every layer's keys and values of one token
-    prefix_hit_tokens: int = 0
-    prefilled_tokens: int = 0
-    decoded_tokens: int = 0
-    preemptions: int = 0
-    finished: int = 0
-    request_errors: int = 0  # requests ended by a failure of their own in a step
-    spec_verifications: int = 0  # decodes that carried a draft
-    spec_draft_tokens: int = 0  # draft tokens proposed and verified
-    spec_accepted_tokens: int = 0  # of those, the ones the model agreed with
-    step_seconds: float = 0.0
-    gc_frozen_objects: int = 0  # what the engine's process keeps out of GC scans (loaded)
-
-    @property
-    def free_kv_tokens(self) -> int:
-        """Tokens a new request can surely get: with layer groups, each of its tokens takes
-        a slot in every group (a sliding group's share stops at its window, so a long
-        request can get more than this; never less)."""
-        return (self.kv_blocks - self.kv_used_blocks) * self.block_size // self.kv_groups
 
 
 @dataclass(slots=True)

@@ -10,40 +10,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 
 import torch
 
-GREEDY_BELOW = 1e-5
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingConfig:
-    """How one request picks its tokens (resolved: no field left to a default)."""
-
-    temperature: float = 0.0  # below GREEDY_BELOW: greedy
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    presence_penalty: float = 0.0  # OpenAI: minus this for each token already generated
-    frequency_penalty: float = 0.0  # OpenAI: minus this times its count in the output
-    repetition_penalty: float = 1.0  # Hugging Face: tokens of the prompt and output
-    logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI: added to these tokens' logits
-    min_p: float = 0.0  # vLLM: keep tokens at least this times as likely as the top one
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW
-
-    @property
-    def adjusts(self) -> bool:
-        """Whether penalties or biases change this request's logits."""
-        return bool(
-            self.presence_penalty
-            or self.frequency_penalty
-            or self.repetition_penalty != 1.0
-            or self.logit_bias
-        )
+from services.worker.engine.wire import SamplingConfig
 
 
 def adjust(
