@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from services.worker.engine.engine import Engine
-from services.worker.engine.wire import EngineConfig, EngineRequest, StepOutput
+from services.worker.engine.request import Status
+from services.worker.engine.wire import EngineConfig, EngineRequest, StepOutput, TokenLogprobs
 from services.worker.runtime import EngineFailed, EngineProcess, EngineSpec
 from tests.unit.conftest import DEVICE, DTYPE
 
@@ -148,6 +151,25 @@ def test_a_model_that_cannot_load_fails_start(tmp_path: Path) -> None:
     proc = EngineProcess(EngineSpec(str(tmp_path / "missing"), torch_threads=1))
     with pytest.raises(EngineFailed, match="failed to start"):
         proc.start(120)
+
+
+def test_a_step_output_crosses_the_pipe_whole() -> None:
+    """Every field survives the pickle the pipe carries, none left at its default."""
+    out = StepOutput(
+        "r1",
+        [5, 6],
+        " ab",
+        Status.FINISHED_ERROR,
+        prompt_tokens=3,
+        completion_tokens=2,
+        cached_tokens=1,
+        error="boom",
+        error_code="engine_error",
+        logprobs=[TokenLogprobs(-0.5, ((5, -0.5), (7, -1.5))), TokenLogprobs(-0.1)],
+    )
+    defaults = StepOutput("", [], "")
+    assert all(getattr(out, f.name) != getattr(defaults, f.name) for f in fields(StepOutput))
+    assert pickle.loads(pickle.dumps(out, pickle.HIGHEST_PROTOCOL)) == out
 
 
 def test_the_worker_leaves_torch_to_its_engine_process() -> None:
