@@ -50,8 +50,14 @@ async def _serve_until_signal(make: Callable[[], _Service]) -> None:
 
 
 def resolve_model_dir(explicit: str, preset: str = "tiny") -> str:
-    """The configured model folder, or the embedded default model (built if missing)."""
+    """The configured model folder (``TW_MODEL_DIR``), or the embedded default model (built
+    if missing)."""
     if explicit:
+        if not (Path(explicit) / "config.json").is_file():
+            raise SettingsError(
+                f"TW_MODEL_DIR={explicit!r} is not a model folder: it holds no config.json "
+                "(a Hugging Face model as save_pretrained writes it)"
+            )
         return explicit
     from services.model.build import default_cache_dir, ensure_model
 

@@ -136,3 +136,25 @@ def test_the_workers_engine_takes_its_engine_settings_from_the_environment() -> 
     assert not config.pad_products and not config.cuda_graphs
     assert config.speculation.k == 3 and config.max_running == 5
     assert not config.enable_prefix_cache
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_a_model_folder_that_is_not_one_is_named_in_one_line(folder: str, tmp_path: Path) -> None:
+    """``TW_MODEL_DIR`` naming no folder, or one with no model in it: the worker says so and
+    exits, with no traceback and no engine process started."""
+    (tmp_path / "empty").mkdir()
+    path = tmp_path / folder
+    env = {**os.environ, "TW_MODEL_DIR": str(path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "worker"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == (
+        f"TW_MODEL_DIR={str(path)!r} is not a model folder: it holds no config.json "
+        "(a Hugging Face model as save_pretrained writes it)"
+    )
