@@ -53,15 +53,21 @@ def resolve_model_dir(explicit: str, preset: str = "tiny") -> str:
     """The configured model folder (``TW_MODEL_DIR``), or the embedded default model (built
     if missing)."""
     if explicit:
-        if not (Path(explicit) / "config.json").is_file():
-            raise SettingsError(
-                f"TW_MODEL_DIR={explicit!r} is not a model folder: it holds no config.json "
-                "(a Hugging Face model as save_pretrained writes it)"
-            )
-        return explicit
+        return model_folder(explicit)
     from services.model.build import default_cache_dir, ensure_model
 
     return str(ensure_model(preset, default_cache_dir(), log=lambda m: print(m, file=sys.stderr)))
+
+
+def model_folder(path: str) -> str:
+    """``path``, the ``TW_MODEL_DIR`` a service was given, if it holds a model; else the
+    one-line refusal."""
+    if not (Path(path) / "config.json").is_file():
+        raise SettingsError(
+            f"TW_MODEL_DIR={path!r} is not a model folder: it holds no config.json "
+            "(a Hugging Face model as save_pretrained writes it)"
+        )
+    return path
 
 
 def _draft_model_dir(name: str) -> str:
@@ -142,7 +148,9 @@ def cmd_batcher(_: argparse.Namespace) -> None:
         from transformers import AutoTokenizer
 
         route_transformers_logs()
-        tokenizer = AutoTokenizer.from_pretrained(settings.model_dir, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_folder(settings.model_dir), local_files_only=True
+        )
     asyncio.run(_serve_until_signal(lambda: BatcherService(settings, tokenizer)))
 
 
@@ -151,6 +159,8 @@ def cmd_edge(_: argparse.Namespace) -> None:
     from services.edge.server import serve
 
     settings = EdgeSettings.from_env()
+    if settings.model_dir:
+        model_folder(settings.model_dir)
     setup_logging("edge", settings.log_level)
     serve(settings)
 

@@ -138,15 +138,18 @@ def test_the_workers_engine_takes_its_engine_settings_from_the_environment() -> 
     assert not config.enable_prefix_cache
 
 
+@pytest.mark.parametrize("service", ["worker", "batcher", "edge"])
 @pytest.mark.parametrize("folder", ["missing", "empty"])
-def test_a_model_folder_that_is_not_one_is_named_in_one_line(folder: str, tmp_path: Path) -> None:
-    """``TW_MODEL_DIR`` naming no folder, or one with no model in it: the worker says so and
-    exits, with no traceback and no engine process started."""
+def test_a_model_folder_that_is_not_one_is_named_in_one_line(
+    service: str, folder: str, tmp_path: Path
+) -> None:
+    """``TW_MODEL_DIR`` naming no folder, or one with no model in it: the service says so
+    and exits, with no traceback (the worker with no engine process started)."""
     (tmp_path / "empty").mkdir()
     path = tmp_path / folder
     env = {**os.environ, "TW_MODEL_DIR": str(path)}
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "worker"],
+        [sys.executable, "-m", "services.cli", service],
         cwd=ROOT,
         env=env,
         capture_output=True,
