@@ -23,7 +23,12 @@ class WorkerSettings(FleetSettings):
         default_factory=_default_worker_id,
         description="this worker's name in heartbeats and claims (default: <hostname>-<pid>)",
     )
-    model_dir: str = Field(description="a local Hugging Face model folder")
+    model_dir: str = Field(
+        description=(
+            "a local Hugging Face model folder (one with no `config.json` is refused at start, "
+            "in one line)"
+        )
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="where the model runs; auto: CUDA when available"
     )
