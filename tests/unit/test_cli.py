@@ -18,6 +18,18 @@ from services.bench.cluster import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def tokenwire(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``tokenwire ARGS`` run as a command, with ``env``."""
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_bench_edge_takes_the_edge_benchmarks_options(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         cli.main(["bench", "edge", "--quick", "--concurrency", "1", "8", "--help"])
@@ -75,14 +87,7 @@ def test_a_command_whose_server_is_away_says_so_in_one_line(
         "TW_KAFKA_BOOTSTRAP": f"127.0.0.1:{port}",
         "TW_KEY_PEPPER_FILE": str(tmp_path / "pepper"),
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "services.cli", *(a.format(port=port) for a in command)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = tokenwire([*(a.format(port=port) for a in command)], env)
     assert done.returncode == 1, done.stderr
     *before, last = done.stderr.strip().splitlines()
     assert last.startswith(f"tokenwire {command[0]}: {says}"), done.stderr
@@ -92,14 +97,7 @@ def test_a_command_whose_server_is_away_says_so_in_one_line(
 def test_a_missing_pepper_file_is_named_with_the_command_that_makes_it(tmp_path: Path) -> None:
     missing = tmp_path / "pepper"
     env = {**os.environ, "TW_KEY_PEPPER_FILE": str(missing)}
-    done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "keys", "list"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = tokenwire(["keys", "list"], env)
     assert done.returncode == 1
     assert done.stderr.strip() == (
         f"tokenwire keys list: TW_KEY_PEPPER_FILE: cannot read {missing} "
@@ -148,14 +146,7 @@ def test_a_model_folder_that_is_not_one_is_named_in_one_line(
     (tmp_path / "empty").mkdir()
     path = tmp_path / folder
     env = {**os.environ, "TW_MODEL_DIR": str(path)}
-    done = subprocess.run(
-        [sys.executable, "-m", "services.cli", service],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = tokenwire([service], env)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip() == (
         f"TW_MODEL_DIR={str(path)!r} is not a model folder: it holds no config.json "
