@@ -145,12 +145,9 @@ def cmd_batcher(_: argparse.Namespace) -> None:
     setup_logging("batcher", settings.log_level)
     tokenizer = None
     if settings.model_dir:
-        from transformers import AutoTokenizer
+        from shared.prompts import load_prompts
 
-        route_transformers_logs()
-        tokenizer = AutoTokenizer.from_pretrained(
-            model_folder(settings.model_dir), local_files_only=True
-        )
+        tokenizer = load_prompts(model_folder(settings.model_dir))
     asyncio.run(_serve_until_signal(lambda: BatcherService(settings, tokenizer)))
 
 

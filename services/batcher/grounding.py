@@ -19,11 +19,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from services.batcher.metrics import NO_SUCH_INDEX, RetrievalMetrics
 from shared.embedding import EmbedderError, load_embedder
 from shared.messages import GenerateRequest
+from shared.prompts import Prompts
 from shared.retrieval.grounding import CountTokens, byte_count, fit, ground, query_text
 from shared.retrieval.retriever import Query, Retriever
 from shared.retrieval.store import IndexStore, NoIndexes, RetrievalError, UnknownIndex
@@ -41,7 +41,7 @@ class Grounder:
     def __init__(
         self,
         settings: CommonSettings,
-        tokenizer: Any = None,
+        tokenizer: Prompts | None = None,
         metrics: RetrievalMetrics | None = None,
     ) -> None:
         self.metrics = metrics
@@ -51,7 +51,7 @@ class Grounder:
         )
         self.count: CountTokens = byte_count
         if tokenizer is not None:
-            self.count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            self.count = lambda text: len(tokenizer.encode(text, special_tokens=False))
 
     async def ground(
         self, requests: Sequence[GenerateRequest]

@@ -18,8 +18,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from shared.messages import WorkerHeartbeat
-from shared.prefix_hash import AFFINITY_DEPTH
+from shared.messages import GenerateRequest, WorkerHeartbeat
+from shared.prefix_hash import AFFINITY_DEPTH, block_hashes
+from shared.prompts import Prompts, request_token_ids
+
+AFFINITY_CHARS = 2048  # enough text for AFFINITY_DEPTH blocks of tokens
+
+
+def prefix_hashes(prompts: Prompts, req: GenerateRequest, block_size: int) -> list[int]:
+    """The request's leading block hashes as a worker's prefix cache keys its prompt (its
+    conversation and tools rendered alike); only the head of the prompt is tokenized."""
+    ids = request_token_ids(prompts, req, AFFINITY_CHARS)
+    return block_hashes(ids, block_size, AFFINITY_DEPTH)
 
 
 class RoutingMode(StrEnum):

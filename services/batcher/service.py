@@ -55,6 +55,7 @@ from services.batcher.routing import (
     WorkerView,
     admit,
     partition_for,
+    prefix_hashes,
 )
 from services.batcher.sizing import pack, request_room
 from services.batcher.sources import Sources
@@ -80,13 +81,13 @@ from shared.messages import (
 )
 from shared.metrics import serve_metrics
 from shared.names import Names
-from shared.prefix_hash import AFFINITY_DEPTH, block_hashes
+from shared.prefix_hash import AFFINITY_DEPTH
+from shared.prompts import Prompts
 from shared.retrieval.store import RetrievalError
 from shared.retry import Dependency
 
 log = logging.getLogger(__name__)
 
-AFFINITY_CHARS = 2048  # enough text for AFFINITY_DEPTH blocks of tokens
 TRANSIT_MARGIN_S = 0.02  # a batch sent this long before a heartbeat may not be in it yet
 SENT_MEMORY_S = 5.0
 # Ticks end by refreshing the worker view, so a request that arrives is routed on a view
@@ -137,7 +138,7 @@ Routed = tuple[WorkerView | None, Queued[Pending]]  # a request and its worker, 
 class BatcherService:
     """The batcher: consumes requests, queues them fairly, closes sliding windows into batches routed to workers, dead-letters what it cannot serve, and rides out Kafka and Redis outages."""
 
-    def __init__(self, settings: BatcherSettings, tokenizer: Any = None) -> None:
+    def __init__(self, settings: BatcherSettings, tokenizer: Prompts | None = None) -> None:
         self.settings = settings
         self.names: Names = settings.names
         self.tokenizer = tokenizer
@@ -493,17 +494,7 @@ class BatcherService:
         Only the head of the prompt is tokenized: routing needs no more."""
         if self.tokenizer is None:
             return []
-        if req.messages is not None:
-            msgs = [m.model_dump() for m in req.messages]
-            text = self.tokenizer.apply_chat_template(
-                msgs, add_generation_prompt=True, tokenize=False
-            )
-            ids = self.tokenizer(text[:AFFINITY_CHARS], add_special_tokens=False)["input_ids"]
-        elif req.prompt_token_ids is not None:
-            ids = req.prompt_token_ids
-        else:
-            ids = self.tokenizer((req.prompt or "")[:AFFINITY_CHARS])["input_ids"]
-        return block_hashes(ids, self.settings.block_size, AFFINITY_DEPTH)
+        return prefix_hashes(self.tokenizer, req, self.settings.block_size)
 
     def _expire(self, now: float) -> list[Rejected]:
         """Queued requests whose deadline passed while they waited."""

@@ -36,6 +36,7 @@ from services.ops.costs import Cost, measured, merge_costs
 from shared.codec import encode
 from shared.kafka_io import make_producer
 from shared.messages import GenerateRequest, SamplingParams
+from shared.prompts import load_prompts
 
 WORDS = (
     "return the value of each key in the mapping when it is not none and raise an error if the "
@@ -76,13 +77,10 @@ class Bench:
         except BaseException:  # the workers started must not outlive a failed start
             stack.stop_all()
             raise
-        from transformers import AutoTokenizer
-
         settings = BatcherSettings.from_env(
             stack.env, routing=routing, model_dir=self.model_dir, batcher_id=f"{stack.prefix}-b"
         )
-        tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
-        batcher = BatcherService(settings, tokenizer)
+        batcher = BatcherService(settings, load_prompts(self.model_dir))
         task = asyncio.create_task(batcher.run())
         producer = make_producer(stack.settings, client_id="tw-bench", linger_ms=0)
         await producer.start()

@@ -30,7 +30,7 @@ from services.edge.errors import (
     rate_limited,
     unavailable,
 )
-from services.edge.model_info import INLINE_TOKENIZE_CHARS, TemplateError
+from services.edge.model_info import INLINE_TOKENIZE_CHARS
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.relay import EventStream
 from services.edge.retrieval import admit_retrieval
@@ -39,6 +39,7 @@ from services.edge.state import EdgeState
 from shared.codec import encode
 from shared.kafka_io import too_large
 from shared.messages import CacheMode, CacheResult, GenerateRequest
+from shared.prompts import TemplateError
 from shared.retry import REDIS_DOWN
 
 log = logging.getLogger(__name__)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from services.edge.model_info import ModelInfo, TemplateError
+from services.edge.model_info import ModelInfo
 from shared.messages import ChatMessage, GenerateRequest, ToolCall, ToolCallFunction
 from shared.model_config import served_context
-from shared.prompts import prompt_token_ids
+from shared.prompts import TemplateError, prompt_token_ids
 
 PROMPTS = ["", "The function returns", "héllo wörld <|user|> x\n\n  y", "a" * 3000]
 CHATS = [

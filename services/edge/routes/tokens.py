@@ -10,9 +10,10 @@ from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 
 from services.edge.errors import ApiError, bad_request, model_not_found
-from services.edge.model_info import ModelInfo, TemplateError
+from services.edge.model_info import ModelInfo
 from services.edge.openai_api import ChatMessageBody, Strict
 from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
+from shared.prompts import TemplateError
 
 router = APIRouter(responses=ERROR_RESPONSES, tags=["tokens"])
 
