@@ -3,7 +3,8 @@ Redis and worker processes (the batcher runs in-process so its own timings are v
 
 Part A — window: added wait at low load (one request at a time, a worker with room) and
 batch sizes under load. Part B — routing: a shared-prefix workload on two workers with a
-small KV budget, prefix affinity versus round-robin: prefix-cache hit rate and tokens/s.
+small KV budget, prefix affinity versus round-robin: prefix-cache hit rate and tokens/s, with
+prompts sharing long heads and with conversations sharing tool lists.
 
 ``--costs PATH`` merges into a costs file the requests/s one batcher routes: the burst's
 requests over the CPU seconds this process spent on them. The process also runs the
@@ -35,7 +36,7 @@ from services.bench.stats import pct
 from services.ops.costs import Cost, measured, merge_costs
 from shared.codec import encode
 from shared.kafka_io import make_producer
-from shared.messages import GenerateRequest, SamplingParams
+from shared.messages import ChatMessage, GenerateRequest, SamplingParams
 from shared.prompts import load_prompts
 
 WORDS = (
@@ -132,20 +133,36 @@ class Bench:
         }
 
     async def routing(
-        self, mode: RoutingMode, prefixes: int, per_prefix: int, concurrency: int
+        self,
+        mode: RoutingMode,
+        prefixes: int,
+        per_prefix: int,
+        concurrency: int,
+        *,
+        tools: bool = False,
     ) -> dict[str, Any]:
+        """Long shared prefixes, short answers: prefill dominates, as with system prompts,
+        few-shot examples and (``tools``) agents' tool lists, which the chat template puts
+        first. Each worker's KV budget holds about half of the prefixes."""
         rng = random.Random(7)
-        # Long shared prefixes, short answers: prefill dominates, as with system prompts and
-        # few-shot examples. Each worker's KV budget holds about half of the prefixes.
-        heads = [" ".join(rng.choices(WORDS, k=300)) for _ in range(prefixes)]
-        reqs = [
-            _request(f"{h}\nquestion {j}: " + " ".join(rng.choices(WORDS, k=6)), 8)
-            for h in heads
-            for j in range(per_prefix)
-        ]
+        sampling = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        reqs: list[GenerateRequest] = []
+        for i in range(prefixes):
+            if tools:
+                kit = [_tool(f"tool_{i}_{k}", " ".join(rng.choices(WORDS, k=60))) for k in range(4)]
+            else:
+                head = " ".join(rng.choices(WORDS, k=300))
+            for j in range(per_prefix):
+                question = f"question {j}: " + " ".join(rng.choices(WORDS, k=6))
+                if tools:
+                    msgs = [ChatMessage(role="user", content=question)]
+                    reqs.append(GenerateRequest(messages=msgs, tools=kit, sampling=sampling))
+                else:
+                    reqs.append(GenerateRequest(prompt=f"{head}\n{question}", sampling=sampling))
         rng.shuffle(reqs)
+        name = f"{mode.value}{'-tools' if tools else ''}"
         async with self.cluster(
-            mode.value, mode, 2, TW_KV_BUDGET_TOKENS="3072", TW_MAX_RUNNING="8"
+            name, mode, 2, TW_KV_BUDGET_TOKENS="3072", TW_MAX_RUNNING="8"
         ) as run:
             stack, producer, rec = run.stack, run.producer, run.recorder
             t0 = time.time()
@@ -179,6 +196,14 @@ def _request(prompt: str, max_tokens: int) -> GenerateRequest:
     )
 
 
+def _tool(name: str, description: str) -> dict[str, Any]:
+    params = {"type": "object", "properties": {"query": {"type": "string"}}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": params},
+    }
+
+
 async def measure(
     env: dict[str, str], model_dir: str, log_dir: Path, quick: bool
 ) -> dict[str, Any]:
@@ -186,14 +211,17 @@ async def measure(
     report: dict[str, Any] = {"window": await bench.window()}
     print(json.dumps(report["window"]))
     prefixes, per = (4, 4) if quick else (12, 12)
-    for mode in (RoutingMode.AFFINITY, RoutingMode.ROUND_ROBIN):
-        report[mode.value] = await bench.routing(mode, prefixes, per, concurrency=8)
-        print(mode.value, json.dumps(report[mode.value]))
-    a, r = report["affinity"], report["round_robin"]
-    report["affinity_vs_round_robin"] = {
-        "hit_rate": (a["hit_rate"], r["hit_rate"]),
-        "tok_s_ratio": a["tok_s"] / r["tok_s"],
-    }
+    for tools in (False, True):
+        suffix = "_tools" if tools else ""
+        for mode in (RoutingMode.AFFINITY, RoutingMode.ROUND_ROBIN):
+            key = mode.value + suffix
+            report[key] = await bench.routing(mode, prefixes, per, concurrency=8, tools=tools)
+            print(key, json.dumps(report[key]))
+        a, r = report["affinity" + suffix], report["round_robin" + suffix]
+        report["affinity_vs_round_robin" + suffix] = {
+            "hit_rate": (a["hit_rate"], r["hit_rate"]),
+            "tok_s_ratio": a["tok_s"] / r["tok_s"],
+        }
     return report
 
 
@@ -221,7 +249,7 @@ def run(
     log_dir = Path("reports/logs")
     log_dir.mkdir(parents=True, exist_ok=True)
     report = asyncio.run(measure(env, model_dir, log_dir, quick))
-    w, a, r = report["window"], report["affinity"], report["round_robin"]
+    w = report["window"]
     print(
         f"\nwindow: low-load batcher wait p50 {w['low_load_batcher_wait_ms_p50']:.1f} ms "
         f"(p99 {w['low_load_batcher_wait_ms_p99']:.1f}) + hand-off to Kafka p50 "
@@ -230,11 +258,13 @@ def run(
         f"mean batch {w['load_batch_size_mean']:.1f}, sizes {w['load_batch_size_histogram']}; "
         f"{w['load_requests_per_cpu_s']:.0f} requests per CPU second of the batcher's process"
     )
-    print(
-        f"routing (2 workers, shared prefixes): hit rate {a['hit_rate']:.0%} affinity vs "
-        f"{r['hit_rate']:.0%} round-robin; {a['tok_s']:.0f} vs {r['tok_s']:.0f} tok/s "
-        f"({a['tok_s'] / r['tok_s']:.2f}x)"
-    )
+    for what, suffix in (("shared prefixes", ""), ("shared tool lists", "_tools")):
+        a, r = report["affinity" + suffix], report["round_robin" + suffix]
+        print(
+            f"routing (2 workers, {what}): hit rate {a['hit_rate']:.0%} affinity vs "
+            f"{r['hit_rate']:.0%} round-robin; {a['tok_s']:.0f} vs {r['tok_s']:.0f} tok/s "
+            f"({a['tok_s'] / r['tok_s']:.2f}x)"
+        )
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2))
