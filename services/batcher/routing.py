@@ -1,7 +1,8 @@
 """Choosing the worker for each request (pure).
 
 Prefix affinity first: a request goes to the worker whose cache summary holds its deepest
-leading block, else to its prefix's home worker by rendezvous hashing over live workers —
+leading block, else to its prefix's home worker by rendezvous hashing over live workers
+(keyed by the deepest leading block hashed, where prompts differ) —
 unless that worker is overloaded: ``tolerance`` or more requests queued beyond its slots,
 or ``tolerance`` fewer free slots than the least-loaded worker (so affinity never idles
 half the fleet). Then, and for requests without a full leading block, the least-loaded
@@ -132,8 +133,10 @@ class Router:
             return open_[self._rr % len(open_)]
         if self.mode is RoutingMode.AFFINITY and hashes:
             # Workers in the prefix's rendezvous order: the home first, so a copy that
-            # spilled to another worker does not pull the prefix's traffic after it.
-            ranked = sorted(workers, key=lambda w: _score(hashes[0], w), reverse=True)
+            # spilled to another worker does not pull the prefix's traffic after it. Keyed
+            # by the deepest block: chat templates open every prompt alike (a system
+            # header, the tools preamble), so the first block would give all one home.
+            ranked = sorted(workers, key=lambda w: _score(hashes[-1], w), reverse=True)
             for h in reversed(hashes):  # the deepest cached block wins
                 for w in ranked:
                     if h in w.hashes and self.acceptable(w, workers):

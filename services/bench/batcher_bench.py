@@ -143,13 +143,14 @@ class Bench:
     ) -> dict[str, Any]:
         """Long shared prefixes, short answers: prefill dominates, as with system prompts,
         few-shot examples and (``tools``) agents' tool lists, which the chat template puts
-        first. Each worker's KV budget holds about half of the prefixes."""
+        first behind a preamble every prompt shares. Each worker's KV budget holds about
+        half of the prefixes (either kind of prompt is about 320 tokens)."""
         rng = random.Random(7)
         sampling = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
         reqs: list[GenerateRequest] = []
         for i in range(prefixes):
             if tools:
-                kit = [_tool(f"tool_{i}_{k}", " ".join(rng.choices(WORDS, k=60))) for k in range(4)]
+                kit = [_tool(f"tool_{i}_{k}", " ".join(rng.choices(WORDS, k=20))) for k in range(4)]
             else:
                 head = " ".join(rng.choices(WORDS, k=300))
             for j in range(per_prefix):

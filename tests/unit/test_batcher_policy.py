@@ -222,11 +222,22 @@ def test_the_home_worker_is_stable_and_independent_of_listing_order() -> None:
     assert Router().route(H, ws[2:] + ws[:2]).worker_id == home
 
 
-def test_the_home_is_keyed_by_the_first_block_so_a_shared_prefix_goes_home_together() -> None:
-    ws = [view(f"w{i}", free=4) for i in range(5)]
-    other_tail = block_hashes(PROMPT[:16] + [999] * 48, 16)
-    assert other_tail[0] == H[0] and other_tail[1:] != H[1:]
-    assert Router().route(other_tail, ws).worker_id == Router().route(H, ws).worker_id
+def test_a_preamble_every_prompt_shares_does_not_send_them_all_to_one_worker() -> None:
+    """Chat templates open every prompt alike (a fixed system header, the tools preamble):
+    the home is keyed by the deepest leading block, where prompts differ, and of the
+    workers holding the shared blocks each prompt's own home ranks first."""
+    preamble = list(range(1000, 1032))  # two blocks every prompt starts with
+    prompts = [block_hashes(preamble + [p] * 32, 16) for p in range(400)]
+    ws = [view(f"w{i}", free=4) for i in range(4)]
+    cold = Counter(Router().route(h, ws).worker_id for h in prompts)
+    assert set(cold) == {w.worker_id for w in ws} and min(cold.values()) >= 50, cold
+    warm = [view(w.worker_id, free=4, hashes=prompts[0][:2]) for w in ws]  # all cached it
+    spread = Counter(Router().route(h, warm).worker_id for h in prompts)
+    assert set(spread) == {w.worker_id for w in ws} and min(spread.values()) >= 50, spread
+    # The same prompt goes to the same worker, cold or warm.
+    assert [Router().route(h, ws).worker_id for h in prompts[:20]] == [
+        Router().route(h, warm).worker_id for h in prompts[:20]
+    ]
 
 
 def test_different_prefixes_spread_over_the_workers() -> None:
