@@ -3,8 +3,10 @@ scripts, and a fresh topic/key prefix per test module so tests never see each ot
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -16,6 +18,21 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TW_STACK", "test")
 os.environ.setdefault("TW_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
 os.environ.setdefault("TW_REDIS_URL", "redis://127.0.0.1:16379/0")
+
+
+def torch_imported_by(code: str, *args: str) -> list[str]:
+    """The torch and transformers modules a fresh interpreter holds after running ``code``
+    (given ``args`` as ``sys.argv[1:]``)."""
+    tail = "\nprint(json.dumps([m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]))"
+    out = subprocess.run(
+        [sys.executable, "-c", f"import json, sys\n{code}{tail}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
+    return found
 
 
 def new_prefix(tag: str) -> str:

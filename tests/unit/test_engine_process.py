@@ -21,6 +21,7 @@ from services.worker.engine.engine import Engine
 from services.worker.engine.request import Status
 from services.worker.engine.wire import EngineConfig, EngineRequest, StepOutput, TokenLogprobs
 from services.worker.runtime import EngineFailed, EngineProcess, EngineSpec
+from tests.conftest import torch_imported_by
 from tests.unit.conftest import DEVICE, DTYPE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,14 +177,8 @@ def test_the_worker_leaves_torch_to_its_engine_process() -> None:
     """The worker's own process imports its service, the engine's wire types and the
     process runner without torch or transformers: it starts its engine process first, which
     imports them and loads the model meanwhile."""
-    code = (
-        "import sys, services.cli, services.worker.service, services.worker.runtime\n"
-        "print(sorted(m for m in sys.modules if m.partition('.')[0] in ('torch', 'transformers')))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "[]"
+    code = "import services.cli, services.worker.service, services.worker.runtime"
+    assert torch_imported_by(code) == []
 
 
 def test_the_engine_process_dies_with_its_worker(model_dir: str) -> None:
