@@ -494,7 +494,15 @@ class BatcherService:
         Only the head of the prompt is tokenized: routing needs no more."""
         if self.tokenizer is None:
             return []
-        return prefix_hashes(self.tokenizer, req, self.settings.block_size)
+        try:
+            return prefix_hashes(self.tokenizer, req, self.settings.block_size)
+        except Exception as exc:  # the template refuses it: the worker ends it with the reason
+            log.info(
+                "routed without affinity, the prompt does not tokenize: %r",
+                exc,
+                extra={"request_id": req.request_id},
+            )
+            return []
 
     def _expire(self, now: float) -> list[Rejected]:
         """Queued requests whose deadline passed while they waited."""

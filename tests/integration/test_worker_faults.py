@@ -22,6 +22,7 @@ from shared import token_stream
 from shared.codec import decode, encode
 from shared.messages import (
     Batch,
+    ChatMessage,
     Completion,
     DeadLetter,
     FinishReason,
@@ -113,6 +114,52 @@ async def test_hostile_and_failing_requests_end_alone_and_the_worker_serves_on(
     letters = await dead_letters(st, set(failed))
     for rid, code in failed.items():
         assert letters[rid].reason == code and letters[rid].original_size > 0
+    st.check_alive()
+
+
+def alternating_roles_model(model_dir: str, folder: Path) -> Path:
+    """``model_dir`` (linked) with a chat template that refuses two turns of one role."""
+    folder.mkdir()
+    for f in Path(model_dir).iterdir():
+        if f.name != "chat_template.jinja":
+            (folder / f.name).symlink_to(f)
+    alternate = (
+        "{%- for m in messages[1:] -%}{%- if m['role'] == messages[loop.index0]['role'] -%}"
+        "{{ raise_exception('Conversation roles must alternate') }}{%- endif -%}{%- endfor -%}"
+    )
+    template = (Path(model_dir) / "chat_template.jinja").read_text()
+    (folder / "chat_template.jinja").write_text(alternate + template)
+    return folder
+
+
+async def test_a_conversation_the_chat_template_refuses_ends_alone(
+    bare: Stack, model_dir: str, tmp_path: Path
+) -> None:
+    """A chat template that refuses a conversation (as Mistral's and Gemma's do when roles
+    do not alternate) fails that request alone: the batcher, which renders the template to
+    route by prefix, sends it on; the worker ends it with an error event and a dead letter;
+    the next request is served and no process exits."""
+    strict = alternating_roles_model(model_dir, tmp_path / "strict-template")
+    st = bare
+    st.start("worker", TW_MODEL_DIR=str(strict))
+    st.start("batcher", TW_MODEL_DIR=str(strict))
+    await st.wait_ready()
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    users = [ChatMessage(role="user", content=c) for c in ("Return the list", "and its keys")]
+    refused = GenerateRequest(messages=users, sampling=greedy)
+    normal = GenerateRequest(messages=users[:1], sampling=greedy)
+    await produce(st.env["TW_KAFKA_BOOTSTRAP"], st.names.requests, [encode(refused)])
+    await produce(st.env["TW_KAFKA_BOOTSTRAP"], st.names.requests, [encode(normal)])
+    redis = aioredis.Redis.from_url(st.env["TW_REDIS_URL"])
+    try:
+        end, served = [(await wait_final(redis, st, r.request_id))[-1] for r in (refused, normal)]
+    finally:
+        await redis.aclose()
+    assert served.finish_reason is FinishReason.LENGTH
+    assert end.finish_reason is FinishReason.ERROR and end.error is not None
+    assert end.error.code == "invalid_request" and "must alternate" in end.error.message
+    letter = (await dead_letters(st, {refused.request_id}))[refused.request_id]
+    assert letter.reason == "invalid_request"
     st.check_alive()
 
 
