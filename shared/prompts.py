@@ -98,7 +98,14 @@ class PromptTokenizer:
     ) -> str:
         if self.template is None:
             raise TemplateError("the model has no chat template")
-        text: str = self.template.render(messages=messages, tools=tools, add_generation_prompt=True)
+        try:
+            text: str = self.template.render(
+                messages=messages, tools=tools, add_generation_prompt=True
+            )
+        except TemplateError:
+            raise
+        except Exception as exc:  # whatever the template's code raises: it refuses these
+            raise TemplateError(f"{type(exc).__name__}: {exc}") from exc
         return text
 
     def encode(self, text: str, *, special_tokens: bool) -> list[int]:

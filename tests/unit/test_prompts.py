@@ -14,7 +14,13 @@ from transformers import AutoTokenizer
 from services.batcher.routing import prefix_hashes
 from shared.messages import ChatMessage, GenerateRequest
 from shared.prefix_hash import AFFINITY_DEPTH, BLOCK_SIZE, block_hashes
-from shared.prompts import PromptTokenizer, TransformersPrompts, load_prompts, prompt_token_ids
+from shared.prompts import (
+    PromptTokenizer,
+    TemplateError,
+    TransformersPrompts,
+    load_prompts,
+    prompt_token_ids,
+)
 from tests.conftest import torch_imported_by
 
 TOOLS = [
@@ -89,3 +95,21 @@ def test_the_batcher_loads_its_tokenizer_without_torch(model_dir: str) -> None:
         "assert load_prompts(sys.argv[1]).encode('hi', special_tokens=True)"
     )
     assert torch_imported_by(code, model_dir) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ raise_exception('roles must alternate') }}",
+        "{{ messages[0]['content'] + 1 }}",  # a TypeError in the template
+        "{{ messages[0]['name']['first'] }}",  # an undefined field looked into
+    ],
+)
+def test_whatever_a_template_raises_is_a_template_error(model_dir: str, source: str) -> None:
+    """The edge answers a TemplateError with a 400 naming the messages; anything else a
+    template raises would be a 500."""
+    fast = PromptTokenizer.load(model_dir)
+    assert fast is not None
+    strict = PromptTokenizer(fast.tokenizer, fast.template.environment.from_string(source))
+    with pytest.raises(TemplateError):
+        strict.render_chat([{"role": "user", "content": "hi"}], None)
