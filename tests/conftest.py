@@ -23,7 +23,8 @@ os.environ.setdefault("TW_REDIS_URL", "redis://127.0.0.1:16379/0")
 def torch_imported_by(code: str, *args: str) -> list[str]:
     """The torch and transformers modules a fresh interpreter holds after running ``code``
     (given ``args`` as ``sys.argv[1:]``)."""
-    tail = "\nprint(json.dumps([m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]))"
+    libs = "('torch', 'transformers')"
+    tail = f"\nprint(json.dumps([m for m in sys.modules if m.split('.')[0] in {libs}]))"
     out = subprocess.run(
         [sys.executable, "-c", f"import json, sys\n{code}{tail}", *args],
         cwd=ROOT,

@@ -2,7 +2,8 @@
 prompt tokens, so over-long prompts get a 400 here instead of an error from a worker.
 
 The tokenizer is ``shared.prompts.PromptTokenizer`` (not ``transformers``): the counts
-match the worker's tokenizer (a unit test checks) for a fraction of the start-up cost. Without a model folder, token counts are estimated and lengths are not checked.
+match the worker's tokenizer (a unit test checks) for a fraction of the start-up cost.
+Without a model folder, token counts are estimated and lengths are not checked.
 """
 
 from __future__ import annotations
