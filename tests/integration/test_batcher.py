@@ -25,6 +25,7 @@ from shared.messages import (
     SamplingParams,
 )
 from tests.integration.harness import Stack, StreamRecorder, produce, read_topic
+from tests.integration.test_handoff import wait_for_progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -74,25 +75,32 @@ async def test_a_flooding_tenant_does_not_starve_another(bare: Stack) -> None:
 
 
 async def test_expired_requests_get_an_error_event_and_a_dead_letter(bare: Stack) -> None:
+    """A request past its deadline when consumed, and one whose deadline passes while it
+    waits in the batcher's queue for a worker's only slot, each end with deadline_exceeded:
+    an error event and a dead letter saying where."""
     stk = bare
-    stk.start("batcher")  # no worker: a queued request can only wait
-    await stk.wait_ready(workers=0)
-    late = request("t", 4, deadline=time.time() - 1)
-    soon = request("t", 4, deadline=time.time() + 1.5)
+    stk.start("worker", TW_MAX_RUNNING="1")
+    stk.start("batcher")
+    await stk.wait_ready()
+    busy = request("t", 2000)  # holds the only slot for seconds
+    boot = stk.env["TW_KAFKA_BOOTSTRAP"]
     async with StreamRecorder(stk.env["TW_REDIS_URL"], stk.names) as rec:
-        await produce(
-            stk.env["TW_KAFKA_BOOTSTRAP"], stk.names.requests, [encode(late), encode(soon)]
-        )
+        await produce(boot, stk.names.requests, [encode(busy)])
+        await wait_for_progress(rec, 1)  # it runs: from now on the worker has no room
+        late = request("t", 4, deadline=time.time() - 1)
+        soon = request("t", 4, deadline=time.time() + 1.5)
+        await produce(boot, stk.names.requests, [encode(late), encode(soon)])
         await rec.wait_finished({late.request_id, soon.request_id}, within_s=60, stack=stk)
+        assert busy.request_id not in rec.finished(), "the slot was free while soon waited"
     for r in (late, soon):
         (ev,) = rec.stream(r.request_id)
         assert ev.error is not None and ev.error.code == "deadline_exceeded"
-    raw = await read_topic(
-        stk.env["TW_KAFKA_BOOTSTRAP"], stk.names.requests_dlq, lambda vs: len(vs) >= 2, 30
-    )
+    raw = await read_topic(boot, stk.names.requests_dlq, lambda vs: len(vs) >= 2, 30)
     letters = {dl.request_id: dl for dl in (decode(DeadLetter, v) for v in raw)}
     assert {late.request_id, soon.request_id} <= letters.keys()
     assert all(letters[r.request_id].reason == "deadline_exceeded" for r in (late, soon))
+    assert "before dispatch" in letters[late.request_id].detail
+    assert "while queued" in letters[soon.request_id].detail
 
 
 async def test_backpressure_pauses_consumption_and_bounds_the_queue(bare: Stack) -> None:
