@@ -27,9 +27,16 @@ class Prompts(Protocol):
     def encode(self, text: str, *, special_tokens: bool) -> list[int]: ...
 
 
-def chat_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template reads them (fields left unset are absent)."""
-    return [m.model_dump(exclude_none=True) for m in messages]
+def chat_token_ids(
+    prompts: Prompts,
+    messages: Sequence[ChatMessage],
+    tools: list[dict[str, Any]] | None = None,
+    chars: int | None = None,
+) -> list[int]:
+    """A conversation's token ids (of its rendered text's first ``chars`` characters);
+    the template sees fields left unset as absent."""
+    text = prompts.render_chat([m.model_dump(exclude_none=True) for m in messages], tools)
+    return prompts.encode(text[:chars], special_tokens=False)
 
 
 def request_token_ids(
@@ -40,8 +47,7 @@ def request_token_ids(
     if req.prompt_token_ids is not None:
         return list(req.prompt_token_ids)
     if req.messages is not None:
-        text = prompts.render_chat(chat_dicts(req.messages), req.tools)
-        return prompts.encode(text[:chars], special_tokens=False)
+        return chat_token_ids(prompts, req.messages, req.tools, chars)
     return prompts.encode((req.prompt or "")[:chars], special_tokens=True)
 
 

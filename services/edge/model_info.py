@@ -16,7 +16,7 @@ from typing import Any
 
 from shared.messages import ChatMessage
 from shared.model_config import served_context
-from shared.prompts import PromptTokenizer, chat_dicts
+from shared.prompts import PromptTokenizer, chat_token_ids
 
 # Above this many characters, tokenizing moves off the event loop.
 INLINE_TOKENIZE_CHARS = 16_384
@@ -65,9 +65,7 @@ class ModelInfo:
     ) -> list[int]:
         """The token ids of a conversation rendered with the model's chat template."""
         assert self.tokenizer is not None
-        return self.tokenizer.encode(
-            self.tokenizer.render_chat(chat_dicts(messages), tools), special_tokens=False
-        )
+        return chat_token_ids(self.tokenizer, messages, tools)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids (special tokens dropped, as in completions)."""
