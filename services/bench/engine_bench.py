@@ -343,33 +343,44 @@ def penalties(vocab: int) -> SamplingConfig:
 def _features(
     model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig, rng: random.Random
 ) -> dict[str, Any]:
-    """Tokens/s of requests asking for log-probabilities (and 5 alternatives), and of
-    requests with penalties and logit biases, against the same requests plain (all
-    greedy), at the highest concurrency, in alternating rounds: the ratio of the medians,
-    and the median of each round's ratio to the plain run of the same round."""
+    """Tokens/s of requests asking for log-probabilities (and 5 alternatives), of requests
+    with penalties and logit biases, and of sampled requests (temperature 1, OpenAI's
+    default; temperature 0.8 with top-p 0.95; temperature 0.7 with top-k 50), against the
+    same requests plain (all greedy), at the highest concurrency, in alternating rounds:
+    the ratio of the medians, and the median of each round's ratio to the plain run of the
+    same round."""
     n = max(cfg.concurrencies)
     prompts = _prompts(n, cfg.prompt_len, model.config.vocab_size, rng)
     adjusted = penalties(model.get_input_embeddings().num_embeddings)
-    asks: list[dict[str, Any]] = [{}, {"logprobs": 5}, {"sampling": adjusted}]
-    runs: list[list[float]] = [[] for _ in asks]
+    asks: dict[str, dict[str, Any]] = {
+        "plain": {},
+        "logprobs": {"logprobs": 5},
+        "penalties": {"sampling": adjusted},
+        **{name: {"sampling": s} for name, s in SAMPLED.items()},
+    }
+    runs: dict[str, list[float]] = {name: [] for name in asks}
+    names = list(asks)
     for r in range(FEATURE_ROUNDS):
         # Each round starts with another kind, so a load that rises or falls on a shared
         # machine favours none of them.
-        for k in [(r + j) % len(asks) for j in range(len(asks))]:
-            runs[k].append(engine_run(model, tok, prompts, cfg.new_tokens, ecfg, **asks[k])[0])
-    plain, logprobs, penalized = runs
-    p, lp, pen = (statistics.median(x) for x in runs)
-    row = {
-        "concurrency": n,
-        "plain_tok_s": p,
-        "logprobs_tok_s": lp,
-        "logprobs_vs_plain": lp / p,
-        "logprobs_vs_plain_paired": _paired(logprobs, plain),
-        "penalties_tok_s": pen,
-        "penalties_vs_plain": pen / p,
-        "penalties_vs_plain_paired": _paired(penalized, plain),
-    }
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            tps = engine_run(model, tok, prompts, cfg.new_tokens, ecfg, **asks[name])[0]
+            runs[name].append(tps)
+    p = statistics.median(runs["plain"])
+    row: dict[str, Any] = {"concurrency": n, "plain_tok_s": p}
+    for name in names[1:]:
+        row[f"{name}_tok_s"] = statistics.median(runs[name])
+        row[f"{name}_vs_plain"] = row[f"{name}_tok_s"] / p
+        row[f"{name}_vs_plain_paired"] = _paired(runs[name], runs["plain"])
     return {**row, **_constrained(model, tok, cfg, ecfg, prompts)}
+
+
+# The sampled requests of the features rows, against greedy ones.
+SAMPLED = {
+    "temperature_1": SamplingConfig(temperature=1.0),
+    "top_p_0.95": SamplingConfig(temperature=0.8, top_p=0.95),
+    "top_k_50": SamplingConfig(temperature=0.7, top_k=50),
+}
 
 
 def speculation(
@@ -885,6 +896,13 @@ def print_table(rep: Report) -> None:
             f"({ft['penalties_vs_plain']:.2f}x, paired rounds "
             f"{ft['penalties_vs_plain_paired']:.2f}x)"
         )
+        for name, sampling in SAMPLED.items():
+            print(
+                f"sampled ({sampling.temperature:g}, top_p {sampling.top_p:g}, top_k "
+                f"{sampling.top_k}) at {ft['concurrency']} streams: {f(ft[name + '_tok_s'])} "
+                f"vs {f(ft['plain_tok_s'])} tok/s plain greedy ({ft[name + '_vs_plain']:.2f}x, "
+                f"paired rounds {ft[name + '_vs_plain_paired']:.2f}x)"
+            )
         print(
             f"JSON-schema constrained at {ft['concurrency']} streams: "
             f"{f(ft['json_schema_tok_s'])} vs {f(ft['greedy_tok_s'])} tok/s plain greedy "

@@ -10,7 +10,15 @@ from collections import Counter
 import pytest
 import torch
 
-from services.worker.engine.sampler import MAX_BLOCK, Picker, adjust, make_generator, row_max
+from services.worker.engine.sampler import (
+    MAX_BLOCK,
+    Picker,
+    _distributions,
+    _Group,
+    adjust,
+    make_generator,
+    row_max,
+)
 from services.worker.engine.wire import SamplingConfig
 
 CPU = torch.device("cpu")
@@ -225,6 +233,109 @@ def test_a_seeded_row_draws_the_same_alone_or_in_a_mixed_batch(target: SamplingC
         mixed.append(sample(batch, cfgs, gens)[7])
     assert mixed == alone
     assert len(set(alone)) > 1  # the check is not trivially about a constant
+
+
+def reference_probs(row: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """One row's sampling distribution as its definition reads, the whole row sorted:
+    temperature, min-p, top-k, then top-p over what the top-k left."""
+    x = row.float() / cfg.temperature
+    if cfg.min_p > 0:
+        x = x.masked_fill(x < x.max() + math.log(cfg.min_p), float("-inf"))
+    order = x.argsort(descending=True)
+    probs = torch.softmax(x[order], dim=-1)
+    if 0 < cfg.top_k < len(row):
+        probs[cfg.top_k :] = 0.0
+        probs /= probs.sum()
+    if cfg.top_p < 1.0:
+        probs[probs.cumsum(dim=-1) - probs >= cfg.top_p] = 0.0
+        probs /= probs.sum()
+    return torch.zeros_like(probs).scatter_(0, order, probs)
+
+
+def dense(groups: list[_Group], rows: int, vocab: int) -> torch.Tensor:
+    """The groups' distributions as ``[rows, vocab]`` probabilities."""
+    out = torch.full((rows, vocab), float("nan"))
+    for g in groups:
+        probs = torch.diff(g.cdf, dim=-1, prepend=torch.zeros(len(g.rows), 1)) / g.cdf[:, -1:]
+        at = torch.tensor(g.rows)
+        if g.ids is None:
+            out[at] = probs
+        else:
+            out[at] = torch.zeros(len(g.rows), vocab).scatter_(1, g.ids, probs)
+    return out
+
+
+def test_every_distribution_equals_its_definition_ranked_or_sorted() -> None:
+    """Rows cut by top-k or top-p are ranked among only as many candidates as hold what
+    they keep (a top-k, not a sort): over 4,096 logits, from sharp rows (a few tokens
+    kept) to flat ones (most of the vocabulary), each row's distribution is the one its
+    definition gives, and the rows take every path (whole, ranked at several widths,
+    sorted)."""
+    vocab = 4096
+    gen = torch.Generator().manual_seed(7)
+    sharpness = torch.tensor([0.3, 1.0, 3.0, 6.0, 12.0]).repeat(16)[:, None]
+    logits = torch.randn(80, vocab, generator=gen) * sharpness
+    kinds = [
+        SamplingConfig(temperature=1.0, top_p=0.9),
+        SamplingConfig(temperature=0.7, top_p=0.5),
+        SamplingConfig(temperature=1.3, top_p=0.99),
+        SamplingConfig(temperature=1.0, top_k=5),
+        SamplingConfig(temperature=1.0, top_k=100, top_p=0.8),
+        SamplingConfig(temperature=1.0, top_k=3000),
+        SamplingConfig(temperature=0.9, min_p=0.05, top_p=0.95),
+        SamplingConfig(temperature=1.0),
+        SamplingConfig(temperature=0.8, top_p=0.999),
+    ]
+    configs = [kinds[i % len(kinds)] for i in range(80)]
+    groups = _distributions(logits, list(range(80)), configs)
+    got = dense(groups, 80, vocab)
+    want = torch.stack([reference_probs(r, c) for r, c in zip(logits, configs, strict=True)])
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    assert not got[want == 0].any()  # no dropped token can be drawn
+    # Every kept one can, but for those too unlikely to move a float32 cumulative sum.
+    assert got[want > 1e-6].all()
+    widths = {g.ids.shape[1] for g in groups if g.ids is not None}
+    assert len(widths) >= 4 and min(widths) == 16
+    assert sum(g.ids is None for g in groups) == 2  # the whole rows, and those sorted
+
+
+def test_a_draw_never_lands_on_a_token_of_probability_zero() -> None:
+    # Tokens 0 and 2 are dropped (probability 0), token 3 ends the row.
+    group = _Group([0], torch.tensor([[0.0, 0.5, 0.5, 1.0]]), None)
+    low, half, high = 0.0, 0.5, float(torch.tensor(1.0).nextafter(torch.tensor(0.0)))
+    assert group.draw([0, 0, 0], torch.tensor([low, half, high])) == [1, 3, 3]
+    assert group.draw([0], torch.tensor([0.4999])) == [1]
+    ranked = _Group([0], torch.tensor([[0.7, 0.7, 1.0]]), torch.tensor([[9, 4, 2]]))
+    assert ranked.draw([0, 0], torch.tensor([0.0, 0.9])) == [9, 2]
+
+
+def test_a_seeded_row_draws_the_same_in_any_batch_over_a_large_vocabulary() -> None:
+    """Over 4,096 logits rows are grouped by how many candidates they need: a seeded row's
+    tokens still do not depend on its neighbours."""
+    vocab, steps = 4096, 20
+    gen = torch.Generator().manual_seed(3)
+    target = SamplingConfig(temperature=0.9, top_p=0.9, seed=5)
+    rows = torch.randn(steps, vocab, generator=gen) * 4.0
+    seeded = make_generator(5, CPU)
+    alone = [Picker(rows[s : s + 1], [target]).pick(0, seeded) for s in range(steps)]
+    others = [
+        SamplingConfig(temperature=1.0, top_p=0.5),
+        SamplingConfig(temperature=1.0, top_k=40, seed=2),
+        SamplingConfig(temperature=1.0),
+        SamplingConfig(temperature=2.0, top_p=0.99),
+    ]
+    configs = [others[i % 4] for i in range(8)] + [target]
+    seeded = make_generator(5, CPU)
+    mixed = []
+    for s in range(steps):
+        batch = torch.randn(9, vocab, generator=gen) * torch.rand(9, 1, generator=gen) * 8
+        batch[8] = rows[s]
+        picker = Picker(batch, configs)
+        gens = [make_generator(c.seed, CPU) for c in configs[:8]]
+        [picker.pick(i, g) for i, g in enumerate(gens)]
+        mixed.append(picker.pick(8, seeded))
+    assert mixed == alone
+    assert len(set(alone)) > 1
 
 
 def reference_adjust(
