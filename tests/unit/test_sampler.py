@@ -235,9 +235,11 @@ def test_a_seeded_row_draws_the_same_alone_or_in_a_mixed_batch(target: SamplingC
     assert len(set(alone)) > 1  # the check is not trivially about a constant
 
 
-def reference_probs(row: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+def reference_probs(row: torch.Tensor, cfg: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """One row's sampling distribution as its definition reads, the whole row sorted:
-    temperature, min-p, top-k, then top-p over what the top-k left."""
+    temperature, min-p, top-k, then top-p over what the top-k left. And the tokens at the
+    top-p's edge, whose mass before them is within float32 rounding of top-p (kept or
+    dropped as the order of the additions falls)."""
     x = row.float() / cfg.temperature
     if cfg.min_p > 0:
         x = x.masked_fill(x < x.max() + math.log(cfg.min_p), float("-inf"))
@@ -246,10 +248,13 @@ def reference_probs(row: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     if 0 < cfg.top_k < len(row):
         probs[cfg.top_k :] = 0.0
         probs /= probs.sum()
+    before = probs.cumsum(dim=-1) - probs
+    edge = (before - cfg.top_p).abs() < 1e-6
     if cfg.top_p < 1.0:
-        probs[probs.cumsum(dim=-1) - probs >= cfg.top_p] = 0.0
+        probs[before >= cfg.top_p] = 0.0
         probs /= probs.sum()
-    return torch.zeros_like(probs).scatter_(0, order, probs)
+    unsort = torch.empty_like(order).scatter_(0, order, torch.arange(len(row)))
+    return probs[unsort], edge[unsort]
 
 
 def dense(groups: list[_Group], rows: int, vocab: int) -> torch.Tensor:
@@ -266,11 +271,10 @@ def dense(groups: list[_Group], rows: int, vocab: int) -> torch.Tensor:
 
 
 def test_every_distribution_equals_its_definition_ranked_or_sorted() -> None:
-    """Rows cut by top-k or top-p are ranked among only as many candidates as hold what
-    they keep (a top-k, not a sort): over 4,096 logits, from sharp rows (a few tokens
-    kept) to flat ones (most of the vocabulary), each row's distribution is the one its
-    definition gives, and the rows take every path (whole, ranked at several widths,
-    sorted)."""
+    """Rows cut by top-k are ranked among their k most likely tokens, rows cut by top-p
+    alone binned by probability (no sort): over 4,096 logits, from sharp rows (a few
+    tokens kept) to flat ones (most of the vocabulary), each row's distribution is the one
+    its definition gives, and the rows take every path."""
     vocab = 4096
     gen = torch.Generator().manual_seed(7)
     sharpness = torch.tensor([0.3, 1.0, 3.0, 6.0, 12.0]).repeat(16)[:, None]
@@ -289,14 +293,41 @@ def test_every_distribution_equals_its_definition_ranked_or_sorted() -> None:
     configs = [kinds[i % len(kinds)] for i in range(80)]
     groups = _distributions(logits, list(range(80)), configs)
     got = dense(groups, 80, vocab)
-    want = torch.stack([reference_probs(r, c) for r, c in zip(logits, configs, strict=True)])
+    refs = [reference_probs(r, c) for r, c in zip(logits, configs, strict=True)]
+    want = torch.stack([probs for probs, _ in refs])
+    clear = ~torch.stack([edge for _, edge in refs])
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
-    assert not got[want == 0].any()  # no dropped token can be drawn
+    assert not got[clear & (want == 0)].any()  # no dropped token can be drawn
     # Every kept one can, but for those too unlikely to move a float32 cumulative sum.
-    assert got[want > 1e-6].all()
-    widths = {g.ids.shape[1] for g in groups if g.ids is not None}
-    assert len(widths) >= 4 and min(widths) == 16
-    assert sum(g.ids is None for g in groups) == 2  # the whole rows, and those sorted
+    assert got[clear & (want > 1e-6)].all()
+    # Ranked among 16 (top-k 5) and 128 (top-k 100); the top-k of 3,000 sorted; the whole
+    # rows and those cut by top-p alone over the vocabulary in order.
+    assert {g.ids.shape[1] for g in groups if g.ids is not None} == {16, 128}
+    assert sum(g.ids is None for g in groups) == 3
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplingConfig(temperature=0.9, top_p=0.9),  # binned
+        SamplingConfig(temperature=0.9, top_k=5),  # ranked
+        SamplingConfig(temperature=0.9),  # the whole vocabulary
+        SamplingConfig(temperature=0.9, top_k=3000, top_p=0.5),  # sorted
+        SamplingConfig(temperature=0.9, top_p=0.9, seed=4),  # drawn when picked
+    ],
+)
+def test_rows_with_a_nan_or_inf_get_no_token_and_spare_the_others(cfg: SamplingConfig) -> None:
+    logits = torch.randn(5, 4096, generator=torch.Generator().manual_seed(1)) * 3
+    logits[0, 7] = float("nan")
+    logits[1, 9] = float("inf")
+    logits[2] = float("-inf")
+    logits[3, 100] = 3e38  # finite, but over float32's limit once scaled by 1 / 0.9
+    picker = Picker(logits, [cfg] * 5)
+    gen = make_generator(cfg.seed, CPU)
+    picks = [picker.pick(i, gen) for i in range(5)]
+    assert picks[:3] == [None, None, None]
+    assert picks[3] == 100  # an overflowing row samples its limit, the argmax
+    assert isinstance(picks[4], int) and 0 <= picks[4] < 4096
 
 
 def test_a_draw_never_lands_on_a_token_of_probability_zero() -> None:

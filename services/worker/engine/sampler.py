@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -137,7 +137,8 @@ class Picker:
         rows = [i for i, c in enumerate(configs) if not c.greedy]
         if not rows:
             return
-        for group in _distributions(logits, rows, [configs[i] for i in rows]):
+        clean = not self.bad
+        for group in _distributions(logits, rows, [configs[i] for i in rows], clean):
             total = group.cdf[:, -1]
             # A finite row can still overflow once scaled (logits near float32's limit): the
             # limit of such a distribution is its argmax.
@@ -175,135 +176,137 @@ class _Group:
         """The tokens of rows ``at`` (of this group) for uniform numbers ``u`` in [0, 1):
         each the first whose cumulative probability exceeds ``u`` times its row's total,
         so never one of probability 0."""
-        index = torch.tensor(at, device=self.cdf.device)
-        cdf = self.cdf.index_select(0, index)
+        cdf = _rows(self.cdf, at)
         total = cdf[:, -1:]
         # Below the total even where ``u`` times it rounds up to it.
         x = torch.minimum(u.unsqueeze(1) * total, total.nextafter(torch.zeros_like(total)))
         picked = torch.searchsorted(cdf, x, right=True)
         if self.ids is not None:
-            picked = self.ids.index_select(0, index).gather(1, picked)
+            picked = _rows(self.ids, at).gather(1, picked)
         return picked[:, 0].tolist()
 
 
-# The fewest candidates a row is ranked among; widths are rounded up to powers of 2 from
-# here (one top-k for each). A row needing more than half the vocabulary is sorted: a top-k
-# of 2,048 of 4,096 logits takes 0.6 of a sort on a CPU, of 64 a tenth.
+def _rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Rows ``rows`` of ``t``; ``t`` itself (no copy) when they are all of its rows in order."""
+    if len(rows) == t.shape[0] and rows == list(range(len(rows))):
+        return t
+    return t.index_select(0, torch.tensor(rows, device=t.device))
+
+
+# The fewest candidates a top-k row is ranked among; widths are rounded up to powers of 2
+# from here (one top-k call for each). A top-k of more than half the vocabulary is sorted:
+# a top-k of 2,048 of 4,096 logits takes 0.6 of a sort on a CPU, of 64 a tenth.
 MIN_CANDIDATES = 16
-# Octaves of probability below a row's most likely token told apart by ``_nucleus_widths``.
-OCTAVES = 32
-# Mass beyond top-p the octaves must reach: their sums and a sorted row's cumulative sum
-# add in other orders, so a row with less is sorted rather than ranked among too few.
-MASS_MARGIN = 1e-4
+# ``_nucleus`` bins a token by its probability relative to the row's top: 64 bins an
+# octave, over 32 octaves (the last bin holding everything less likely). Finer bins leave
+# fewer tokens in the one bin ranked: tiny at 256 streams, top-p 0.95, that top-k took
+# 10 ms a step with 8 bins an octave (up to hundreds of tokens a row), 2.5 ms with 64.
+BINS_PER_OCTAVE = 64
+BINS = 2048
 
 
 def _distributions(
-    logits: torch.Tensor, rows: list[int], configs: list[SamplingConfig]
+    logits: torch.Tensor, rows: list[int], configs: list[SamplingConfig], clean: bool = False
 ) -> list[_Group]:
     """The distributions ``rows`` of ``logits`` sample from: temperature, min-p first, then
-    top-k and top-p over what is left (vLLM's order). Grouped by how they are held: rows
-    that keep the whole vocabulary; rows that keep some of their ``w`` most likely tokens,
-    ranked by a top-k (a group for each width ``w``: a top-k's ``k``, or enough to hold
-    the top-p's nucleus); rows sorted whole. A row's group depends on its own logits and
-    settings alone, so it draws the same in any batch."""
+    top-k and top-p over what is left (vLLM's order), none with a sort of the vocabulary
+    but those of a top-k over more than half of it. Grouped by how they are held: rows that
+    keep the whole vocabulary or cut it by top-p alone (``_nucleus``), over the vocabulary
+    in order; rows cut by a top-k, over their ``w`` most likely tokens ranked (a group for
+    each width ``w``); rows sorted whole. A row's group and distribution depend on its own
+    logits and settings alone, so it draws the same in any batch. ``clean``: no row holds
+    a NaN."""
     dev = logits.device
     temps = torch.tensor([c.temperature for c in configs], device=dev).unsqueeze(1)
-    scaled = logits.index_select(0, torch.tensor(rows, device=dev)) / temps
-    # Non-finite rows are reported by ``Picker``; here they only must not raise.
-    scaled = _min_p(scaled.nan_to_num(nan=float("-inf")), [c.min_p for c in configs])
+    scaled = _rows(logits, rows) / temps
+    if not clean:  # Rows with a NaN are reported by ``Picker``; here they must not raise.
+        scaled = scaled.nan_to_num_(nan=-math.inf)
+    scaled = _min_p(scaled, [c.min_p for c in configs])
     vocab = scaled.shape[-1]
     top_k = [c.top_k if 0 < c.top_k < vocab else vocab for c in configs]
     top_p = [c.top_p for c in configs]
     everything = range(len(rows))
     groups = []
+    sort = []
     whole = [j for j in everything if top_k[j] == vocab and top_p[j] >= 1.0]
     if whole:
-        kept = scaled[whole]
+        kept = _rows(scaled, whole)
         # Relative to the row's maximum: the largest term is 1.
         cdf = (kept - kept.amax(dim=-1, keepdim=True)).exp_().cumsum_(dim=-1)
         groups.append(_Group([rows[j] for j in whole], cdf, None))
-    # Each cut row's candidates: its top-k, else as many as hold its nucleus (0: unknown).
-    width = {j: top_k[j] for j in everything if top_k[j] < vocab}
     by_p = [j for j in everything if top_k[j] == vocab and top_p[j] < 1.0]
-    norm: dict[int, torch.Tensor] = {}
     if by_p:
-        found, lse = _nucleus_widths(scaled[by_p], [top_p[j] for j in by_p])
-        width.update(zip(by_p, found, strict=True))
-        norm.update(zip(by_p, lse, strict=True))
+        cdf, unreached = _nucleus(_rows(scaled, by_p), [top_p[j] for j in by_p])
+        done = [i for i in range(len(by_p)) if i not in unreached]
+        if done:
+            groups.append(_Group([rows[by_p[i]] for i in done], cdf[done], None))
+        sort += [by_p[i] for i in sorted(unreached)]
     buckets: dict[int, list[int]] = {}
-    sort = []
-    for j, w in width.items():
-        size = max(MIN_CANDIDATES, 1 << max(0, w - 1).bit_length())
-        if w and 2 * size <= vocab:
+    for j in everything:
+        size = max(MIN_CANDIDATES, 1 << (top_k[j] - 1).bit_length())
+        if top_k[j] < vocab and 2 * size <= vocab:
             buckets.setdefault(size, []).append(j)
-        else:
+        elif top_k[j] < vocab:
             sort.append(j)
-    for size, tried in sorted(buckets.items()):
-        group, unclosed = _ranked(scaled, tried, size, top_k, top_p, norm)
-        if group.rows:
-            groups.append(replace(group, rows=[rows[j] for j in group.rows]))
-        sort += unclosed
+    for size, cut in sorted(buckets.items()):
+        ks, ps = [top_k[j] for j in cut], [top_p[j] for j in cut]
+        groups.append(_ranked(_rows(scaled, cut), [rows[j] for j in cut], size, ks, ps))
     if sort:
-        probs = _sorted_probs(scaled[sort], [top_k[j] for j in sort], [top_p[j] for j in sort])
+        probs = _sorted_probs(
+            _rows(scaled, sort), [top_k[j] for j in sort], [top_p[j] for j in sort]
+        )
         groups.append(_Group([rows[j] for j in sort], probs.cumsum(dim=-1), None))
     return groups
 
 
 def _ranked(
-    scaled: torch.Tensor,
-    tried: list[int],
-    width: int,
-    top_k: list[int],
-    top_p: list[float],
-    norm: dict[int, torch.Tensor],
-) -> tuple[_Group, list[int]]:
-    """Rows ``tried`` of ``scaled`` over their ``width`` most likely tokens (row numbers of
-    ``scaled`` in the group), and those of them whose nucleus turned out not to close
-    within the candidates (left to be sorted). ``norm``: the log-normalizer of each row
-    cut by top-p alone; a top-k's rows are normalized over their top k."""
+    scaled: torch.Tensor, rows: list[int], width: int, top_k: list[int], top_p: list[float]
+) -> _Group:
+    """Rows cut by a top-k of at most ``width`` (``scaled``, the group's ``rows``, each
+    row's ``top_k`` and ``top_p``) over their ``width`` most likely tokens: the top k of
+    them kept, then the top-p over those."""
     dev = scaled.device
-    vals, ids = scaled[tried].topk(width, dim=-1)
-    k = torch.tensor([top_k[j] for j in tried], device=dev).unsqueeze(1)
+    vals, ids = scaled.topk(width, dim=-1)
+    k = torch.tensor(top_k, device=dev).unsqueeze(1)
     vals = vals.masked_fill(torch.arange(width, device=dev).unsqueeze(0) >= k, -math.inf)
-    lse = vals.logsumexp(dim=-1, keepdim=True)
-    by_p = [i for i, j in enumerate(tried) if j in norm]
-    if by_p:
-        lse[by_p] = torch.stack([norm[tried[i]] for i in by_p])
-    probs = (vals - lse).exp_()
-    reached = probs.cumsum(dim=-1)
-    mass = _mass([top_p[j] for j in tried], dev)
-    probs.masked_fill_(reached - probs >= mass, 0.0)
-    # Closed within the candidates where a top-k cuts there, or where they reach the
-    # top-p's mass: every token after them has at least their mass before it.
-    open_ = set()
-    if by_p:
-        reach = (reached[by_p, -1:] >= mass[by_p])[:, 0].tolist()
-        open_ = {i for i, r in zip(by_p, reach, strict=True) if not r}
-    done = [i for i in range(len(tried)) if i not in open_]
-    group = _Group([tried[i] for i in done], probs[done].cumsum_(dim=-1), ids[done])
-    return group, [tried[i] for i in sorted(open_)]
+    probs = torch.softmax(vals, dim=-1)
+    kept = probs.cumsum(dim=-1) - probs < _mass(top_p, dev)
+    return _Group(rows, probs.mul_(kept).cumsum_(dim=-1), ids)
 
 
-def _nucleus_widths(scaled: torch.Tensor, top_p: list[float]) -> tuple[list[int], torch.Tensor]:
-    """For rows cut by top-p alone: how many of each row's most likely tokens surely hold
-    what its top-p keeps (0: not found), and each row's log-normalizer (``[rows, 1]``).
-    A row's tokens fall into octaves below its most likely one (the first octave holds
-    those at least half as likely); the octaves down to the first whose mass, with the
-    mass above it, reaches top-p hold every token kept: a token after them has all
-    their mass before it. One pass over the row's probabilities instead of a sort."""
-    n = scaled.shape[0]
-    dev = scaled.device
-    lse = scaled.logsumexp(dim=-1, keepdim=True)
-    top = scaled.amax(dim=-1, keepdim=True)
-    below = (top - scaled).mul_(1 / math.log(2)).nan_to_num_(nan=OCTAVES - 1)
-    octave = below.clamp_(0, OCTAVES - 1).long()
-    probs = (scaled - lse).exp_()
-    mass = torch.zeros(n, OCTAVES, device=dev).scatter_add_(1, octave, probs).cumsum_(dim=1)
-    count = torch.zeros(n, OCTAVES, device=dev).scatter_add_(1, octave, torch.ones_like(probs))
-    reach = mass >= _mass(top_p, dev) + MASS_MARGIN
-    first = reach.float().argmax(dim=1, keepdim=True)  # the first octave reaching it
-    width = count.cumsum_(dim=1).gather(1, first)[:, 0].where(reach.any(dim=1), 0.0)
-    return width.long().tolist(), lse
+def _nucleus(scaled: torch.Tensor, top_p: list[float]) -> tuple[torch.Tensor, set[int]]:
+    """Rows cut by top-p alone: each row's cumulative probabilities (not normalized) over
+    the vocabulary in order, 0 for the tokens its top-p drops; and the rows whose mass
+    never reached their top-p (rounding, a top-p near 1), left to be sorted.
+
+    The nucleus without a sort: tokens are binned by probability (``BINS``, most likely
+    first); the bins before the first whose mass, with theirs, reaches top-p
+    are kept whole, those after it dropped whole, and only that bin's tokens are ranked
+    (a top-k over them) to keep the most likely of them while the mass before each stays
+    below top-p."""
+    n, dev = scaled.shape[0], scaled.device
+    e = (scaled - scaled.amax(dim=-1, keepdim=True)).exp_()
+    goal = e.sum(dim=-1, keepdim=True) * _mass(top_p, dev)
+    # Bins of a 64th of an octave below the row's top (probability 0 in the last), as
+    # integers: the decisions below all read these, so no token is counted
+    # in one bin and judged in another. torch's CPU kernels are slow on boolean tensors
+    # (a sum, a where): masks are made floats at once.
+    bins = e.log2().mul_(-BINS_PER_OCTAVE).nan_to_num_(nan=0.0).clamp_(0, BINS - 1).long()
+    mass = torch.zeros(n, BINS, device=dev).scatter_add_(1, bins, e)
+    count = torch.zeros(n, BINS, device=dev).scatter_add_(1, bins, torch.ones_like(e))
+    reached = mass.cumsum(dim=1) >= goal
+    edge = reached.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first bin reaching it
+    before = (mass * (torch.arange(BINS, device=dev) < edge)).sum(dim=1, keepdim=True)
+    # Rows that never reach top-p (sorted instead) need no ranking.
+    width = max(1, int((count.gather(1, edge) * reached[:, -1:]).max()))
+    # The edge bin's tokens first (their probabilities), the others below 0.
+    vals, ids = (bins != edge).to(e.dtype).mul_(-2.0).add_(e).topk(width, dim=-1)
+    # In the edge bin, kept while the mass before a token is short of top-p.
+    edge_kept = (before + vals.cumsum(dim=-1) - vals < goal) & (vals >= 0)
+    kept = (bins < edge).to(e.dtype)
+    kept.scatter_(1, ids, kept.gather(1, ids) + edge_kept.to(e.dtype))
+    unreached = {i for i, r in enumerate(reached[:, -1].tolist()) if not r}
+    return e.mul_(kept).cumsum_(dim=-1), unreached
 
 
 # Width of the column blocks ``row_max`` reduces first on a CPU.
