@@ -8,6 +8,7 @@ ends that request alone."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -48,16 +49,30 @@ def adjust(
     # An id seen twice is written twice with the same value (from the same logit and
     # count), so the order of the writes does not matter.
     logits[at, seen] = new.to(logits.dtype)
-    # Ids outside the vocabulary (the wire admits any) bias nothing. An id listed twice
-    # gets both biases.
-    biases = [(i, t, b) for i, c in zip(rows, picked, strict=True) for t, b in c.logit_bias]
-    biases = [x for x in biases if x[1] < vocab]
-    if biases:
-        bias_rows, ids, values = zip(*biases, strict=True)
-        where = tuple(torch.tensor([bias_rows, ids], device=dev))
-        added = torch.tensor(values, dtype=logits.dtype, device=dev)
+    # An id listed twice gets both biases.
+    biased = [(i, _biases(c.logit_bias, vocab, dev)) for i, c in zip(rows, picked, strict=True)]
+    biased = [(i, b) for i, b in biased if b[0].numel()]
+    if biased:
+        counts = torch.tensor([b[0].numel() for _, b in biased], device=dev)
+        where = (
+            torch.repeat_interleave(torch.tensor([i for i, _ in biased], device=dev), counts),
+            torch.cat([b[0] for _, b in biased]),
+        )
+        added = torch.cat([b[1] for _, b in biased]).to(logits.dtype)
         logits.index_put_(where, added, accumulate=True)
         logits[where] = logits[where].clamp(-big, big)
+
+
+@functools.lru_cache(maxsize=4096)
+def _biases(
+    logit_bias: tuple[tuple[int, float], ...], vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A request's logit biases as ids and values on the device, built once for all its
+    steps (a step of 128 requests with 50 biases each spent 3 ms making them from lists).
+    Ids outside the vocabulary (the wire admits any) bias nothing."""
+    kept = [(t, b) for t, b in logit_bias if t < vocab]
+    ids = torch.tensor([t for t, _ in kept], dtype=torch.long, device=device)
+    return ids, torch.tensor([b for _, b in kept], dtype=torch.float64, device=device)
 
 
 def _seen_ids(
