@@ -225,7 +225,8 @@ def _distributions(
 ) -> list[_Group]:
     """The distributions ``rows`` of ``logits`` sample from: temperature, min-p first, then
     top-k and top-p over what is left (vLLM's order), none with a sort of the vocabulary
-    but those of a top-k over more than half of it. Grouped by how they are held: rows that
+    but those of a top-k over more than half of it (and a top-p whose mass, rounded,
+    never reaches it). Grouped by how they are held: rows that
     keep the whole vocabulary or cut it by top-p alone (``_nucleus``), over the vocabulary
     in order; rows cut by a top-k, over their ``w`` most likely tokens ranked (a group for
     each width ``w``); rows sorted whole. A row's group and distribution depend on its own
@@ -295,10 +296,10 @@ def _nucleus(scaled: torch.Tensor, top_p: list[float]) -> tuple[torch.Tensor, se
     never reached their top-p (rounding, a top-p near 1), left to be sorted.
 
     The nucleus without a sort: tokens are binned by probability (``BINS``, most likely
-    first); the bins before the first whose mass, with theirs, reaches top-p
-    are kept whole, those after it dropped whole, and only that bin's tokens are ranked
-    (a top-k over them) to keep the most likely of them while the mass before each stays
-    below top-p."""
+    first). Call the edge the first bin at which the running mass of the bins reaches
+    top-p: the bins before it are kept whole, those after it dropped whole, and only its
+    tokens are ranked (a top-k over them), the most likely kept while the mass before
+    each stays short of top-p."""
     n, dev = scaled.shape[0], scaled.device
     e = (scaled - scaled.amax(dim=-1, keepdim=True)).exp_()
     goal = e.sum(dim=-1, keepdim=True) * _mass(top_p, dev)
