@@ -301,13 +301,15 @@ def _nucleus(scaled: torch.Tensor, top_p: list[float]) -> tuple[torch.Tensor, se
     tokens are ranked (a top-k over them), the most likely kept while the mass before
     each stays short of top-p."""
     n, dev = scaled.shape[0], scaled.device
-    e = (scaled - scaled.amax(dim=-1, keepdim=True)).exp_()
-    goal = e.sum(dim=-1, keepdim=True) * _mass(top_p, dev)
+    below = scaled - scaled.amax(dim=-1, keepdim=True)  # log-probability against the top
     # Bins of a 64th of an octave below the row's top (probability 0 in the last), as
-    # integers: the decisions below all read these, so no token is counted
-    # in one bin and judged in another. torch's CPU kernels are slow on boolean tensors
-    # (a sum, a where): masks are made floats at once.
-    bins = e.log2().mul_(-BINS_PER_OCTAVE).nan_to_num_(nan=0.0).clamp_(0, BINS - 1).long()
+    # integers: the decisions below all read these, so no token is counted in one bin
+    # and judged in another. torch's CPU kernels are slow on boolean tensors (a sum, a
+    # where): masks are made floats at once.
+    octaves = below * (-BINS_PER_OCTAVE / math.log(2))
+    bins = octaves.nan_to_num_(nan=0.0).clamp_(0, BINS - 1).long()
+    e = below.exp_()
+    goal = e.sum(dim=-1, keepdim=True) * _mass(top_p, dev)
     mass = torch.zeros(n, BINS, device=dev).scatter_add_(1, bins, e)
     count = torch.zeros(n, BINS, device=dev).scatter_add_(1, bins, torch.ones_like(e))
     reached = mass.cumsum(dim=1) >= goal
