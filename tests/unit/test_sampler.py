@@ -363,7 +363,8 @@ def test_a_seeded_row_draws_the_same_in_any_batch_over_a_large_vocabulary() -> N
         batch[8] = rows[s]
         picker = Picker(batch, configs)
         gens = [make_generator(c.seed, CPU) for c in configs[:8]]
-        [picker.pick(i, g) for i, g in enumerate(gens)]
+        neighbours = [picker.pick(i, g) for i, g in enumerate(gens)]  # drawn first
+        assert all(isinstance(t, int) for t in neighbours)
         mixed.append(picker.pick(8, seeded))
     assert mixed == alone
     assert len(set(alone)) > 1
