@@ -340,6 +340,14 @@ def penalties(vocab: int) -> SamplingConfig:
     )
 
 
+# The sampled requests of the features rows, against greedy ones.
+SAMPLED = {
+    "temperature_1": SamplingConfig(temperature=1.0),
+    "top_p_0.95": SamplingConfig(temperature=0.8, top_p=0.95),
+    "top_k_50": SamplingConfig(temperature=0.7, top_k=50),
+}
+
+
 def _features(
     model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig, rng: random.Random
 ) -> dict[str, Any]:
@@ -373,14 +381,6 @@ def _features(
         row[f"{name}_vs_plain"] = row[f"{name}_tok_s"] / p
         row[f"{name}_vs_plain_paired"] = _paired(runs[name], runs["plain"])
     return {**row, **_constrained(model, tok, cfg, ecfg, prompts)}
-
-
-# The sampled requests of the features rows, against greedy ones.
-SAMPLED = {
-    "temperature_1": SamplingConfig(temperature=1.0),
-    "top_p_0.95": SamplingConfig(temperature=0.8, top_p=0.95),
-    "top_k_50": SamplingConfig(temperature=0.7, top_k=50),
-}
 
 
 def speculation(

@@ -258,11 +258,11 @@ def _distributions(
             groups.append(_Group([rows[by_p[i]] for i in done], cdf[done], None))
         sort += [by_p[i] for i in sorted(unreached)]
     buckets: dict[int, list[int]] = {}
-    for j in everything:
+    for j in (j for j in everything if top_k[j] < vocab):
         size = max(MIN_CANDIDATES, 1 << (top_k[j] - 1).bit_length())
-        if top_k[j] < vocab and 2 * size <= vocab:
+        if 2 * size <= vocab:
             buckets.setdefault(size, []).append(j)
-        elif top_k[j] < vocab:
+        else:
             sort.append(j)
     for size, cut in sorted(buckets.items()):
         ks, ps = [top_k[j] for j in cut], [top_p[j] for j in cut]
