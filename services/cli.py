@@ -100,6 +100,7 @@ def worker_engine_spec(settings: WorkerSettings) -> EngineSpec:
             speculation=settings.speculation,
             cuda_graphs=settings.cuda_graphs,
             pad_products=settings.pad_products,
+            overlap=settings.overlap,
         ),
         draft_model_dir=_draft_model_dir(settings.spec_draft_model),
         log_level=settings.log_level,
@@ -497,12 +498,14 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
             "speculation",
             "draft",
             "overhead",
+            "overlap",
             "int8",
             "padding",
         ],
         help="run the throughput rows and these parts only (default: every part; int8: "
         "TW_QUANTIZE=int8 against full precision, on the CPU; draft: draft-model speculation; "
-        "padding: a CPU's few-row products padded where faster, against unpadded)",
+        "padding: a CPU's few-row products padded where faster, against unpadded; overlap: a "
+        "GPU's steps that make their text while the next pass runs, against lockstep)",
     )
     be.add_argument(
         "--draft-model",

@@ -17,6 +17,7 @@ emitting).
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import random
 import statistics
@@ -38,7 +39,16 @@ from services.worker.engine.speculation import SpecConfig
 from services.worker.engine.wire import EngineConfig, EngineRequest, SamplingConfig
 
 # The parts of the benchmark after the throughput rows, each skippable.
-SECTIONS = ("prefix", "features", "speculation", "draft", "overhead", "int8", "padding")
+SECTIONS = (
+    "prefix",
+    "features",
+    "speculation",
+    "draft",
+    "overhead",
+    "overlap",
+    "int8",
+    "padding",
+)
 
 
 @dataclass
@@ -78,6 +88,7 @@ class Report:
     speculation: dict[str, Any] = field(default_factory=dict)
     draft: dict[str, Any] = field(default_factory=dict)
     overhead: dict[str, Any] = field(default_factory=dict)
+    overlap: dict[str, Any] = field(default_factory=dict)
     int8: dict[str, Any] = field(default_factory=dict)
     padding: dict[str, Any] = field(default_factory=dict)
 
@@ -239,6 +250,9 @@ def run(
     if "overhead" in cfg.sections:
         rep.overhead = overhead(model, tok, cfg, ecfg)
         print(json.dumps(rep.overhead))
+    if "overlap" in cfg.sections and model.device.type == "cuda":  # a CPU runs lockstep
+        rep.overlap = overlap(model, tok, cfg, ecfg)
+        print(json.dumps(rep.overlap))
     if "int8" in cfg.sections and model.device.type == "cpu":
         rep.int8 = int8(model, tok, cfg, ecfg)
         print(json.dumps(rep.int8))
@@ -580,41 +594,104 @@ def decode_step_split(
     model: Any, tok: Any, prompts: list[list[int]], ecfg: EngineConfig, steps: int = SPLIT_STEPS
 ) -> dict[str, Any]:
     """Where a decode step's time goes with every prompt decoding at once (after their
-    prefill): the median step, the median of the runner's pass in it (its inputs' preparation
-    and the model's forward, waited for on a GPU), and the median of the rest, the engine's
-    own scheduling, sampling and emitting. Nothing overlaps that rest with the model's
-    pass, so on a GPU, where the pass is fast, it bounds the engine against a static batch."""
+    prefill): the median step, the median runner's pass (its inputs' preparation and the
+    model's forward), and the median time the model waits from one pass's end to the next
+    one's start: the engine's own time (scheduling, sampling, emitting) that no pass
+    overlaps. On a GPU, where the pass is fast, that wait bounds the engine against a
+    static batch; with ``overlap`` a step's text is made while the next pass runs, out of
+    it. Pass times are the device's own on a GPU (events: nothing waits for them)."""
     engine = Engine(model, tok, ecfg)
     for i, p in enumerate(prompts):
         engine.add_request(EngineRequest(f"d{i}", p, max_tokens=steps + 8, ignore_eos=True))
     while engine.scheduler.waiting or any(s.in_prefill for s in engine.scheduler.running):
         engine.step()
     engine.step()  # the first step of decodes alone places their rows
-    passes: list[float] = []
+    engine.step()
+    clock = _PassClock(model.device)
     forward = engine.runner.forward
 
     def timed_pass(*args: Any, **kwargs: Any) -> torch.Tensor:
-        _sync()
-        t0 = time.perf_counter()
+        start = clock.mark()
         logits = forward(*args, **kwargs)
-        _sync()
-        passes.append(time.perf_counter() - t0)
+        clock.passes.append((start, clock.mark()))
         return logits
 
     engine.runner.forward = timed_pass  # type: ignore[method-assign]
     step_s: list[float] = []
-    pass_s: list[float] = []
     for _ in range(steps):
-        before = len(passes)
-        step_s.append(_timed(engine.step))
-        pass_s.append(sum(passes[before:]))
+        t0 = time.perf_counter()
+        engine.step()
+        step_s.append(time.perf_counter() - t0)
+    engine.runner.forward = forward  # type: ignore[method-assign]
+    engine.run_until_idle()  # settles the last timed pass
+    _sync()
+    marks = clock.passes
+    idle = [clock.seconds(a[1], b[0]) for a, b in itertools.pairwise(marks)]
     return {
         "rows": len(prompts),
         "steps": steps,
         "step_ms": 1e3 * statistics.median(step_s),
-        "pass_ms": 1e3 * statistics.median(pass_s),
-        "own_ms": 1e3 * statistics.median(a - b for a, b in zip(step_s, pass_s, strict=True)),
+        "pass_ms": 1e3 * statistics.median(clock.seconds(a, b) for a, b in marks),
+        "idle_ms": 1e3 * statistics.median(idle),
     }
+
+
+class _PassClock:
+    """Marks at each pass's start and end: CUDA events on a GPU (the device's own times,
+    read once it is done), the host's clock elsewhere."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.passes: list[tuple[Any, Any]] = []
+
+    def mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, a: Any, b: Any) -> float:
+        return float(a.elapsed_time(b)) / 1e3 if self.cuda else float(b - a)
+
+
+def overlap(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str, Any]:
+    """On a GPU, steps that make their text while the next pass runs (``overlap``, the
+    default) against steps that settle their own pass, in rounds that alternate which runs
+    first: tokens/s one request at a time and at the highest concurrency, and each one's
+    decode step split (``decode_step_split``) at that concurrency."""
+    rng = random.Random(cfg.seed + 5)
+    vocab = model.config.vocab_size
+    serial = _prompts(cfg.serial_requests, cfg.prompt_len, vocab, rng)
+    n = max(cfg.concurrencies)
+    batch = _prompts(n, cfg.prompt_len, vocab, rng)
+    on, off = replace(ecfg, overlap=True), replace(ecfg, overlap=False)
+    out: dict[str, Any] = {"rounds": OVERHEAD_ROUNDS}
+    for name, run in (
+        ("one_at_a_time", lambda c: engine_serial(model, tok, serial, cfg.new_tokens, c)),
+        (f"concurrency_{n}", lambda c: engine_run(model, tok, batch, cfg.new_tokens, c)[0]),
+    ):
+        a, b = _alternating(partial(run, on), partial(run, off))
+        ratios = [x / y for x, y in zip(a, b, strict=True)]
+        out[name] = {
+            "overlap_tok_s": a,
+            "lockstep_tok_s": b,
+            "ratios": ratios,
+            "median_ratio": statistics.median(ratios),
+        }
+    out["decode_step"] = decode_step_split(model, tok, batch, on)
+    out["decode_step_lockstep"] = decode_step_split(model, tok, batch, off)
+    return out
+
+
+def _print_split(label: str, split: dict[str, Any] | None) -> None:
+    if split:
+        print(
+            f"{label}decode step at {split['rows']} rows (medians of {split['steps']}): "
+            f"{split['step_ms']:.2f} ms, the runner's pass {split['pass_ms']:.2f} ms, the "
+            f"model idle between passes {split['idle_ms']:.2f} ms "
+            f"({1e3 * split['idle_ms'] / split['rows']:.1f} us a row)"
+        )
 
 
 def _alternating(
@@ -863,14 +940,10 @@ def print_table(rep: Report) -> None:
                 )
             )
     _print_rounds("engine vs generate", rep.overhead)
-    split = rep.overhead.get("decode_step")
-    if split:
-        print(
-            f"decode step at {split['rows']} rows (medians of {split['steps']}): "
-            f"{split['step_ms']:.2f} ms, the runner's pass {split['pass_ms']:.2f} ms, the "
-            f"engine's own {split['own_ms']:.2f} ms "
-            f"({1e3 * split['own_ms'] / split['rows']:.1f} us a row)"
-        )
+    _print_split("", rep.overhead.get("decode_step"))
+    _print_rounds("overlapped steps vs lockstep", rep.overlap)
+    _print_split("overlapped: ", rep.overlap.get("decode_step"))
+    _print_split("lockstep: ", rep.overlap.get("decode_step_lockstep"))
     _print_rounds("int8 weights vs full precision", rep.int8)
     if rep.padding:
         pads = rep.padding["padded"]

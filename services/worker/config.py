@@ -51,6 +51,12 @@ class WorkerSettings(FleetSettings):
         description="on a CPU, pad the decode pass's products of a few rows with zero rows where "
         "the model's own products, timed at load, are faster at the larger count",
     )
+    overlap: bool = Field(
+        True,
+        description="on a GPU, make a step's text (and send it) while the next forward pass "
+        "runs: a pass is launched without waiting for the device and settled by the next step. "
+        "A CPU runs its pass on the engine's thread, so there each step settles its own",
+    )
     engine_nice: int = Field(
         5, ge=0, le=19, description="the engine process's niceness above the worker's"
     )

@@ -46,12 +46,14 @@ def test_the_quoted_share_counts_words_that_go_on_a_run_of_the_passage() -> None
     assert quoted_share("", PASSAGE) == 0.0
 
 
-def test_a_decode_step_splits_into_the_runners_pass_and_the_engines_own_time(
+def test_a_decode_step_splits_into_the_runners_pass_and_the_models_idle_time(
     lm: tuple[Any, Any],
 ) -> None:
     model, tok = lm
     prompts = _prompts(8, 24, model.config.vocab_size, random.Random(0))
-    split = decode_step_split(model, tok, prompts, EngineConfig(kv_budget_tokens=2048), steps=6)
-    assert (split["rows"], split["steps"]) == (8, 6)
-    assert 0 < split["pass_ms"] < split["step_ms"]
-    assert 0 < split["own_ms"] < split["step_ms"]
+    for overlap in (True, False):
+        config = EngineConfig(kv_budget_tokens=2048, overlap=overlap)
+        split = decode_step_split(model, tok, prompts, config, steps=6)
+        assert (split["rows"], split["steps"]) == (8, 6)
+        assert 0 < split["pass_ms"] < split["step_ms"]
+        assert 0 < split["idle_ms"] < split["step_ms"]

@@ -18,6 +18,7 @@ from services.worker.engine.sampler import Picker
 from services.worker.engine.wire import EngineConfig, EngineRequest, SamplingConfig, StepOutput
 from shared.messages import MAX_STOP_STRINGS, SEED_MAX, SamplingParams
 from tests.unit.test_engine import collect, random_ids, reference
+from tests.unit.test_engine_overlap import overlapped
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -92,10 +93,16 @@ def engine_request(rid: str, prompt: list[int], sp: SamplingParams) -> EngineReq
     )
 
 
-@pytest.fixture(scope="module")
-def engine(lm: tuple[Any, Any]) -> Engine:
+# Each step settling its own pass, and each pass settled by the next step (a GPU's order).
+ORDERS = pytest.mark.parametrize("overlap", [False, True], ids=["lockstep", "overlapped"])
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["lockstep", "overlapped"])
+def engine(lm: tuple[Any, Any], request: pytest.FixtureRequest) -> Engine:
     model, tok = lm
-    return Engine(model, tok, EngineConfig(kv_budget_tokens=8192, max_running=16))
+    return overlapped(
+        Engine(model, tok, EngineConfig(kv_budget_tokens=8192, max_running=16)), request.param
+    )
 
 
 def test_every_admitted_sampling_field_ends_in_a_final_event(engine: Engine) -> None:
@@ -191,13 +198,14 @@ def _poisoned_forward(engine: Engine, poison: int) -> None:
     engine.runner.forward = guarded  # type: ignore[method-assign]
 
 
+@ORDERS
 def test_a_forward_pass_failing_on_one_request_fails_that_request_only(
-    lm: tuple[Any, Any],
+    lm: tuple[Any, Any], overlap: bool
 ) -> None:
     """The step's requests are retried in halves until the culprit is alone; everyone else
     gets exactly what an undisturbed run gives."""
     model, tok = lm
-    engine = Engine(model, tok, EngineConfig(kv_budget_tokens=8192))
+    engine = overlapped(Engine(model, tok, EngineConfig(kv_budget_tokens=8192)), overlap)
     rng = random.Random(4)
     vocab = engine.vocab_size
     poison = 1
@@ -220,7 +228,8 @@ def test_a_forward_pass_failing_on_one_request_fails_that_request_only(
     assert engine.stats.kv_used_blocks == 0
 
 
-def test_a_detokenizer_failure_fails_that_request_only(lm: tuple[Any, Any]) -> None:
+@ORDERS
+def test_a_detokenizer_failure_fails_that_request_only(lm: tuple[Any, Any], overlap: bool) -> None:
     model, tok = lm
 
     class Fragile:
@@ -238,7 +247,9 @@ def test_a_detokenizer_failure_fails_that_request_only(lm: tuple[Any, Any]) -> N
     rng = random.Random(5)
     prompt = random_ids(rng, 10, model.config.vocab_size)
     first = reference(model, prompt, 1)[0]
-    engine = Engine(model, Fragile(tok, first), EngineConfig(kv_budget_tokens=4096))
+    engine = overlapped(
+        Engine(model, Fragile(tok, first), EngineConfig(kv_budget_tokens=4096)), overlap
+    )
     # A second request whose output never holds the failing token.
     while first in (want_other := reference(model, other := random_ids(rng, 10, 512), 4)):
         pass
@@ -247,3 +258,4 @@ def test_a_detokenizer_failure_fails_that_request_only(lm: tuple[Any, Any]) -> N
     tokens, finals = collect(engine.run_until_idle())
     assert finals["bad"].finish is Status.FINISHED_ERROR and "decode" in (finals["bad"].error or "")
     assert tokens["good"] == want_other and finals["good"].finish is Status.FINISHED_LENGTH
+    assert engine.stats.request_errors == 1 and engine.stats.kv_used_blocks == 0

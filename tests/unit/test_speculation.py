@@ -321,7 +321,9 @@ def test_speculation_turns_off_while_the_batch_is_full(
     rng = random.Random(3)
     prompt = extractive(rng, lm[0].config.vocab_size)
     spec = SpecConfig(k=4, max_running=2, method=method)
-    engine = engine_for(lm, draft_lm, EngineConfig(speculation=spec))
+    # Each step settles its own pass: its verifications are counted in the step that
+    # decided them (with ``overlap``, in the next one).
+    engine = engine_for(lm, draft_lm, EngineConfig(speculation=spec, overlap=False))
     for i in range(6):  # they finish one after another: the batch shrinks below the cap
         engine.add_request(EngineRequest(f"r{i}", prompt, max_tokens=8 + 6 * i, ignore_eos=True))
     checked = 0

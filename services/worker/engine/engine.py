@@ -51,6 +51,31 @@ class _Live:
     constraint: Constraint | None = None
 
 
+@dataclass(slots=True)
+class _Flight:
+    """A step's forward passes, launched and not yet settled: each group of work's pass
+    (None where it failed), and what they filled in (``Engine._forward``)."""
+
+    plan: StepPlan
+    groups: list[list[Work]]
+    passes: list[torch.Tensor | None]
+    logits: dict[str, tuple[torch.Tensor, int]]
+    failed: dict[str, str]
+
+
+@dataclass(slots=True)
+class _Held:
+    """A step's tokens of one request, taken (appended to its sequence, a finish they make
+    decided) and their text not yet made: that happens while the next pass runs."""
+
+    live: _Live
+    tokens: list[int]
+    logprobs: list[TokenLogprobs] | None
+    finish: Status | None = None
+    stop_id: bool = False  # the last token is a stop id (its text is dropped)
+    error: str | None = None
+
+
 class Engine:
     """Continuous batching over a Hugging Face causal LM with prefix KV reuse."""
 
@@ -103,6 +128,11 @@ class Engine:
             )
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
+        self._flight: _Flight | None = None
+        self._held: list[_Held] = []
+        # A pass is launched without waiting for the device on a GPU, so the step's text is
+        # made while it runs and it is settled by the next step. A CPU runs it at launch.
+        self._overlap = config.overlap and self.runner.device.type != "cpu"
         # Built with the first constrained request, unless shared (engines of one model).
         self._grammars = grammars
         self.stats = EngineStats(
@@ -122,18 +152,25 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._live) or not self._inbox.empty()
+        return bool(self._live) or self._flight is not None or not self._inbox.empty()
 
     # --- one step -----------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        """Drain the inbox, run one scheduled forward pass, and return every request's output."""
+        """Settle the pass in flight (sample, take its tokens), drain the inbox, launch the
+        next scheduled pass, and return every request's output. Overlapped (on a GPU), the
+        pass launched is settled by the next step, and the text returned is that of the
+        tokens of the pass before it, made while it runs."""
         t0 = time.perf_counter()
-        outputs = self._drain_inbox()
+        outputs = self._settle() if self._flight is not None else []
+        outputs += self._drain_inbox()
         self._propose()
         plan = self.scheduler.schedule()
         self.stats.preemptions += len(plan.preempted)
         if not plan.empty:
-            outputs += self._run(plan)
+            self._launch(plan)
+            if not self._overlap:
+                outputs += self._settle()
+        outputs += self._emit_held()
         self._update_stats(time.perf_counter() - t0)
         return outputs
 
@@ -202,7 +239,8 @@ class Engine:
         live = self._live.pop(request_id, None)
         if live is None:
             return None
-        self.scheduler.finish(live.seq, Status.FINISHED_ABORTED)
+        if not live.seq.status.finished:  # else its taken tokens finished it: not yet emitted
+            self.scheduler.finish(live.seq, Status.FINISHED_ABORTED)
         return self._final_output(live, [], "", Status.FINISHED_ABORTED)
 
     def _propose(self) -> None:
@@ -244,34 +282,46 @@ class Engine:
         for seq in self.scheduler.running:
             seq.draft = guesses.get(seq.request_id, seq.draft)
 
-    def _run(self, plan: StepPlan) -> list[StepOutput]:
+    def _launch(self, plan: StepPlan) -> None:
+        """Run the step's passes: on a GPU, launch them (nothing waits for the device)."""
+        groups = _forward_groups(plan.work)
         logits: dict[str, tuple[torch.Tensor, int]] = {}
         failed: dict[str, str] = {}
-        groups = _forward_groups(plan.work)
         passes = [self._forward(group, logits, failed) for group in groups]
+        self._flight = _Flight(plan, groups, passes, logits, failed)
+
+    def _settle(self) -> list[StepOutput]:
+        """Wait for the pass in flight, sample its rows and take their tokens. Rows of a
+        request that ended while it ran (a stop string in its text) are dropped."""
+        flight, self._flight = self._flight, None
+        assert flight is not None
+        plan, logits, failed = flight.plan, flight.logits, flight.failed
+        outputs = [
+            self._fail(self._live[rid], why) for rid, why in failed.items() if rid in self._live
+        ]
+        work = [
+            w for w in plan.work if w.seq.request_id in logits and w.seq.status is Status.RUNNING
+        ]
         # One pass of plain decodes, each sampled: its logits are the step's rows, in order.
         plain = (
-            len(groups) == 1
-            and len(logits) == len(plan.work)
+            len(flight.groups) == 1
+            and len(work) == len(plan.work)
             and all(w.num_tokens == 1 for w in plan.work)
         )
-        whole = passes[0] if plain else None
-        outputs = [self._fail(self._live[rid], why) for rid, why in failed.items()]
-        work = plan.work if plain else [w for w in plan.work if w.seq.request_id in logits]
         if not work:
-            self.scheduler.complete(plan)  # the failed ones are finished: it skips them
+            self.scheduler.complete(plan)  # the ended ones are finished: it skips them
             return outputs
         lives = [self._live[w.seq.request_id] for w in work]
-        tokens, reported = self._pick(work, lives, logits, whole)
+        tokens, reported = self._pick(work, lives, logits, flight.passes[0] if plain else None)
         accepted = {
             w.seq.request_id: len(toks) - 1 for w, toks in zip(work, tokens, strict=True) if w.draft
         }
-        # Before the tokens are emitted (which may finish a request and free its KV), so
-        # the step's full blocks reach the prefix cache.
+        # Before the tokens are taken (which may finish a request and free its KV), so the
+        # step's full blocks reach the prefix cache.
         self.scheduler.complete(plan, accepted)
         for w, lv, toks, lps in zip(work, lives, tokens, reported, strict=True):
             self._count_draft(w, toks)
-            outputs.append(self._emit_all(lv, toks, lps))
+            self._take(lv, toks, lps)
         return outputs
 
     @torch.inference_mode()  # ``whole`` is the pass's own tensor: processors edit it in place
@@ -336,25 +386,6 @@ class Engine:
             self.stats.spec_verifications += 1
             self.stats.spec_draft_tokens += w.draft
             self.stats.spec_accepted_tokens += len(tokens) - 1
-
-    def _emit_all(
-        self, live: _Live, tokens: list[int | None], logprobs: list[TokenLogprobs] | None
-    ) -> StepOutput:
-        """Emit a step's tokens of one request in order, as one output; a finish (a stop,
-        the length) drops the tokens after it."""
-        merged: StepOutput | None = None
-        for i, tok in enumerate(tokens):
-            if tok is None:
-                out = self._fail(live, "the model produced non-finite logits")
-            else:
-                out = self._emit(live, tok)
-                if logprobs is not None and out.error is None:
-                    out = replace(out, logprobs=[logprobs[i]])
-            merged = out if merged is None else _joined(merged, out)
-            if out.finish is not None:
-                break
-        assert merged is not None  # a work has at least one token
-        return merged
 
     def _logprobs(
         self,
@@ -472,32 +503,83 @@ class Engine:
             index = (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev))
             logits.index_put_(index, torch.tensor(float("-inf"), device=dev))
 
-    def _emit(self, live: _Live, token: int) -> StepOutput:
+    def _take(
+        self, live: _Live, tokens: list[int | None], logprobs: list[TokenLogprobs] | None
+    ) -> None:
+        """Take a step's tokens of one request in order: append them to its sequence and
+        decide what they finish on their own (a stop id, the length, the grammar's end, a
+        token the grammar refuses, non-finite logits), dropping the tokens after it. A
+        finished request leaves the scheduler now, before the next step is scheduled; its
+        text, and what the text finishes (a stop string), come with ``_emit``."""
         seq = live.seq
-        if live.constraint is not None and not live.constraint.accept(token):
-            return self._fail(live, f"token {token} breaks the output's grammar")
-        seq.append_output(token)
-        finish = None
-        if token in live.stop_ids:
-            finish = Status.FINISHED_STOPPED
+        held = _Held(live, [], logprobs)
+        for tok in tokens:
+            if tok is None:
+                held.error = "the model produced non-finite logits"
+            elif live.constraint is not None and not live.constraint.accept(tok):
+                held.error = f"token {tok} breaks the output's grammar"
+            if held.error is not None:
+                break
+            assert tok is not None
+            seq.append_output(tok)
+            held.tokens.append(tok)
+            if tok in live.stop_ids:
+                held.finish, held.stop_id = Status.FINISHED_STOPPED, True
+            elif live.constraint is not None and live.constraint.terminated:
+                held.finish = Status.FINISHED_STOPPED  # complete, with no stop token to end it
+            elif len(seq.output_ids) >= seq.max_tokens:
+                held.finish = Status.FINISHED_LENGTH
+            if held.finish is not None:
+                break
+        if held.error is not None:
+            self.scheduler.finish(seq, Status.FINISHED_ERROR)
+        elif held.finish is not None:
+            self.scheduler.finish(seq, held.finish)
+        self._held.append(held)
+
+    def _emit_held(self) -> list[StepOutput]:
+        held, self._held = self._held, []
+        return [out for h in held if (out := self._emit(h)) is not None]
+
+    def _emit(self, held: _Held) -> StepOutput | None:
+        """The text of a request's taken tokens, as one output; a stop string in it finishes
+        the request there (the tokens after it are dropped). None for a request aborted
+        since its tokens were taken."""
+        live, seq = held.live, held.live.seq
+        if self._live.get(seq.request_id) is not live:
+            return None
+        finish, error, tokens = held.finish, held.error, held.tokens
+        text, n = "", 0
         try:
-            # A stop id's own text is dropped unless the request keeps what stopped it.
-            text = "" if finish and not live.req.include_stop else live.text.push([token])
-            if live.text.stopped:
-                finish = Status.FINISHED_STOPPED
-            elif finish is None and live.constraint is not None and live.constraint.terminated:
-                finish = Status.FINISHED_STOPPED  # complete, with no stop token to end it
-            elif finish is None and len(seq.output_ids) >= seq.max_tokens:
-                finish = Status.FINISHED_LENGTH
-            if finish is None:
-                return StepOutput(seq.request_id, [token], text)
-            text += live.text.flush()
+            for i, tok in enumerate(tokens):
+                # A stop id's own text is dropped unless the request keeps what stopped it.
+                if not (held.stop_id and i == len(tokens) - 1) or live.req.include_stop:
+                    text += live.text.push([tok])
+                n += 1
+                if live.text.stopped:
+                    finish, error = Status.FINISHED_STOPPED, None
+                    break
+            if finish is None and error is None:
+                return StepOutput(seq.request_id, tokens, text, logprobs=held.logprobs)
+            if error is None:
+                text += live.text.flush()
         except Exception as exc:  # a tokenizer's failure on one output is that request's
             log.warning("detokenizing failed: %s", exc, extra={"request_id": seq.request_id})
-            return self._fail(live, f"detokenizing the output failed: {exc}")
+            finish, error = Status.FINISHED_ERROR, f"detokenizing the output failed: {exc}"
+        if error is not None:
+            self.stats.request_errors += 1
+            finish = Status.FINISHED_ERROR
+        assert finish is not None
         self._live.pop(seq.request_id, None)
-        self.scheduler.finish(seq, finish)
-        return self._final_output(live, [token], text, finish)
+        if n < len(tokens):  # taken, but after the stop string (or the failing token)
+            seq.drop_outputs(len(tokens) - n)
+        if not seq.status.finished:
+            self.scheduler.finish(seq, finish)
+        out = self._final_output(live, tokens[:n], text, finish)
+        out.logprobs = None if held.logprobs is None else held.logprobs[:n]
+        if error is not None:
+            out.error, out.error_code = error, "engine_error"
+        return out
 
     def _fail(self, live: _Live, why: str) -> StepOutput:
         """End one request after a failure of its own; the step goes on for the others."""
@@ -583,16 +665,6 @@ def _speculates(live: _Live) -> bool:
     """Whether a request may carry drafts. Not under an output structure: its grammar's
     state would have to advance through each draft token and back."""
     return live.constraint is None
-
-
-def _joined(a: StepOutput, b: StepOutput) -> StepOutput:
-    """Two successive outputs of one request as one (``b``'s finish and counts)."""
-    lps = (
-        None
-        if a.logprobs is None and b.logprobs is None
-        else (a.logprobs or []) + (b.logprobs or [])
-    )
-    return replace(b, token_ids=a.token_ids + b.token_ids, text=a.text + b.text, logprobs=lps)
 
 
 def _pads_little(batch: list[Work]) -> bool:

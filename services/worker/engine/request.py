@@ -79,6 +79,11 @@ class SeqState:
         self.output_ids.append(token_id)
         self.all_ids.append(token_id)
 
+    def drop_outputs(self, n: int) -> None:
+        """Forget the last ``n`` outputs (of a finished sequence: taken past its stop)."""
+        del self.output_ids[len(self.output_ids) - n :]
+        del self.all_ids[len(self.all_ids) - n :]
+
     def finish(self, status: Status) -> None:
         if not status.finished:
             raise ValueError(f"{status} is not a finished status")

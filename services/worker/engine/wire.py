@@ -59,6 +59,9 @@ class EngineConfig:
     speculation: SpecConfig = field(default_factory=SpecConfig)  # n-gram drafts (k 0: off)
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs, on a GPU
     pad_products: bool = True  # a CPU's products of a few rows padded where faster (direct.py)
+    # On a GPU, a step's text made while the next pass runs (each pass settled by the next
+    # step); a CPU runs its pass at launch, so there each step settles its own.
+    overlap: bool = True
 
 
 @dataclass(slots=True)
