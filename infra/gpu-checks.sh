@@ -2,7 +2,8 @@
 # The checks that need a GPU, in one run (a few minutes on one H200): the engine's unit
 # tests on CUDA, `bench engine` on small's shapes (random weights) in fp32 and bf16 with
 # and without CUDA graphs against generate's static batch, where a 256-row decode step's
-# time goes (the runner's pass and the engine's own), the llama-1b preset against the
+# time goes (the runner's pass and the model's idle time between passes), steps whose text
+# is made while the next pass runs against lockstep, the llama-1b preset against the
 # memory-bandwidth roofline, and generate in both precisions alternating in one process.
 # Usage: infra/gpu-checks.sh [OUT_DIR]   (PY: a Python with a CUDA torch, transformers and
 # the project's packages: the CLI imports pydantic, orjson, redis, aiokafka, httpx and
@@ -23,7 +24,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
 
 step "engine unit tests on CUDA"
 timeout 100 "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_decode_graphs.py \
-  tests/unit/test_model_runner.py tests/unit/test_direct_decode.py tests/unit/test_engine.py 2>&1 | tail -15
+  tests/unit/test_model_runner.py tests/unit/test_direct_decode.py tests/unit/test_engine.py \
+  tests/unit/test_engine_overlap.py 2>&1 | tail -15
 
 step "random-weight models: small's shapes, llama-1b"
 timeout 120 "$PY" - <<'EOF' || exit 1
@@ -51,6 +53,11 @@ step "the engine's own time in a 256-row step, small's shapes, fp32"
 timeout 150 "$PY" -m services.cli bench engine --model-dir "$MODELS/small-random" --device cuda \
   --dtype float32 --concurrency 256 --only overhead --no-generate-batch \
   --out "$OUT/engine_cuda_overhead.json" 2>&1 | grep -E "alternating|decode step"
+
+step "steps whose text is made while the next pass runs, against lockstep, small's shapes, fp32"
+timeout 150 "$PY" -m services.cli bench engine --model-dir "$MODELS/small-random" --device cuda \
+  --dtype float32 --concurrency 1 256 --only overlap --no-generate-batch \
+  --out "$OUT/engine_cuda_overlap.json" 2>&1 | grep -E "alternating|decode step"
 
 step "llama-1b against the roofline (bf16)"
 timeout 150 "$PY" -m services.cli bench engine --model-dir "$LLAMA" --device cuda --dtype bfloat16 \
