@@ -10,8 +10,9 @@ extractive prompts (the answer copies from the prompt: passages of common words,
 prose the model never trained on) and for a batch of the chat mix, with EOS held until
 each request's length, and how much of its passage each answer copies; and, with the
 engine against ``generate`` in alternating rounds, where a decode step's time goes at the
-highest concurrency (the runner's pass, and the engine's own scheduling, sampling and
-emitting).
+highest concurrency (the runner's pass, and the model's idle time between passes: the
+engine's own scheduling, sampling and emitting that no pass overlaps); on a GPU, steps
+that make their text while the next pass runs against steps that settle their own pass.
 """
 
 from __future__ import annotations
