@@ -575,14 +575,7 @@ def overhead(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict
     }
     out: dict[str, Any] = {"rounds": OVERHEAD_ROUNDS}
     for name, (ours, theirs) in pairs.items():
-        engine, hf = _alternating(ours, theirs)
-        ratios = [a / b for a, b in zip(engine, hf, strict=True)]
-        out[name] = {
-            "engine_tok_s": engine,
-            "generate_tok_s": hf,
-            "ratios": ratios,
-            "median_ratio": statistics.median(ratios),
-        }
+        out[name] = _both_ways(ours, theirs, ("engine", "generate"))
     out["decode_step"] = decode_step_split(model, tok, batch, ecfg)
     return out
 
@@ -672,14 +665,7 @@ def overlap(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[
         ("one_at_a_time", lambda c: engine_serial(model, tok, serial, cfg.new_tokens, c)),
         (f"concurrency_{n}", lambda c: engine_run(model, tok, batch, cfg.new_tokens, c)[0]),
     ):
-        a, b = _alternating(partial(run, on), partial(run, off))
-        ratios = [x / y for x, y in zip(a, b, strict=True)]
-        out[name] = {
-            "overlap_tok_s": a,
-            "lockstep_tok_s": b,
-            "ratios": ratios,
-            "median_ratio": statistics.median(ratios),
-        }
+        out[name] = _both_ways(partial(run, on), partial(run, off), ("overlap", "lockstep"))
     out["decode_step"] = decode_step_split(model, tok, batch, on)
     out["decode_step_lockstep"] = decode_step_split(model, tok, batch, off)
     return out
@@ -707,6 +693,21 @@ def _alternating(
     return a, b
 
 
+def _both_ways(
+    ours: Callable[[], float], theirs: Callable[[], float], names: tuple[str, str]
+) -> dict[str, Any]:
+    """Both in ``_alternating`` rounds: each one's tokens/s (keys named by ``names``), each
+    round's ratio, and their median."""
+    a, b = _alternating(ours, theirs)
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    return {
+        f"{names[0]}_tok_s": a,
+        f"{names[1]}_tok_s": b,
+        "ratios": ratios,
+        "median_ratio": statistics.median(ratios),
+    }
+
+
 def int8(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str, Any]:
     """``TW_QUANTIZE=int8`` against the full-precision model, in rounds that alternate
     which runs first: the engine's tokens/s one request at a time and at the highest
@@ -726,14 +727,7 @@ def int8(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[str
         ("one_at_a_time", lambda m: engine_serial(m, tok, serial, cfg.new_tokens, ecfg)),
         (f"concurrency_{n}", lambda m: engine_run(m, tok, batch, cfg.new_tokens, ecfg)[0]),
     ):
-        quant, full = _alternating(partial(run, q), partial(run, model))
-        ratios = [a / b for a, b in zip(quant, full, strict=True)]
-        out[name] = {
-            "int8_tok_s": quant,
-            "fp_tok_s": full,
-            "ratios": ratios,
-            "median_ratio": statistics.median(ratios),
-        }
+        out[name] = _both_ways(partial(run, q), partial(run, model), ("int8", "fp"))
     equal = prefix = total = 0
     for p in serial:
         a, b = (_greedy(m, tok, p, cfg.new_tokens, ecfg) for m in (model, q))
@@ -767,14 +761,9 @@ def padding(model: Any, tok: Any, cfg: BenchConfig, ecfg: EngineConfig) -> dict[
             )
             return rate
 
-        on, off = _alternating(partial(run, True), partial(run, False))
-        ratios = [a / b for a, b in zip(on, off, strict=True)]
-        out[f"concurrency_{c}"] = {
-            "padded_tok_s": on,
-            "unpadded_tok_s": off,
-            "ratios": ratios,
-            "median_ratio": statistics.median(ratios),
-        }
+        out[f"concurrency_{c}"] = _both_ways(
+            partial(run, True), partial(run, False), ("padded", "unpadded")
+        )
     return out
 
 
