@@ -105,8 +105,9 @@ class Heartbeat:
         consumer = self.ctx.consumer
         unfetched = 0
         for tp in consumer.assignment():
-            high = consumer.highwater(tp)
-            if high is None:
+            # A rebalance during an earlier partition's position may have taken this one
+            # away: aiokafka's highwater asserts that it is still assigned.
+            if tp not in consumer.assignment() or (high := consumer.highwater(tp)) is None:
                 continue
             try:
                 pos = await asyncio.wait_for(consumer.position(tp), 0.5)

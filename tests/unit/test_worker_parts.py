@@ -11,15 +11,17 @@ from typing import Any
 
 import pytest
 from aiokafka.errors import (
+    IllegalStateError,
     KafkaConnectionError,
     KafkaError,
     NotLeaderForPartitionError,
     OutOfOrderSequenceNumber,
 )
+from aiokafka.structs import TopicPartition
 
 from services.worker.config import WorkerSettings
 from services.worker.context import WorkerContext
-from services.worker.control import heartbeat_of
+from services.worker.control import Heartbeat, heartbeat_of
 from services.worker.engine.request import Status
 from services.worker.engine.wire import EngineStats, StepOutput
 from services.worker.events import RequestState
@@ -248,3 +250,33 @@ def test_an_answer_to_a_call_made_before_an_outage_was_found_does_not_end_it(
         assert dep.up
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "unreachable" in lines[0] and "is back" in lines[1], lines
+
+
+class RebalancedConsumer:
+    """A consumer whose group takes a partition away while its position is being asked
+    for, as a rebalance does; ``highwater`` and ``position`` refuse an unassigned
+    partition as aiokafka's do (an assertion and IllegalStateError)."""
+
+    def __init__(self) -> None:
+        self.assigned = {TopicPartition("t", 0), TopicPartition("t", 1)}
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def highwater(self, tp: TopicPartition) -> int:
+        assert tp in self.assigned, "Partition is not assigned"
+        return 10
+
+    async def position(self, tp: TopicPartition) -> int:
+        if tp not in self.assigned:
+            raise IllegalStateError(f"Partition {tp} is not assigned")
+        self.assigned = {tp}  # the other partition goes to another worker meanwhile
+        await asyncio.sleep(0)
+        return 4
+
+
+async def test_the_lag_read_during_a_rebalance_skips_the_partitions_taken_away() -> None:
+    consumer = RebalancedConsumer()
+    ctx = worker_context(None, None, consumer)
+    beat = Heartbeat(ctx, None)  # type: ignore[arg-type]
+    assert await beat._lag() == 10 - 4  # the partition still assigned, counted once
