@@ -66,7 +66,8 @@ class _Flight:
 @dataclass(slots=True)
 class _Held:
     """A step's tokens of one request, taken (appended to its sequence, a finish they make
-    decided) and their text not yet made: that happens while the next pass runs."""
+    decided) and their text not yet made: that comes at the end of the step, on a GPU
+    while the next pass runs."""
 
     live: _Live
     tokens: list[int]
