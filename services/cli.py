@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
+from services.bench.sections import SECTIONS
 from services.keys import add_keys_parser
 from services.ops.costs import add_costs_option
 from shared.logs import route_transformers_logs, setup_logging
@@ -215,7 +216,7 @@ def cmd_ask(args: argparse.Namespace) -> None:
 def cmd_bench_engine(args: argparse.Namespace) -> None:
     import torch
 
-    from services.bench.engine_bench import SECTIONS, BenchConfig, run
+    from services.bench.engine_bench import BenchConfig, run
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -491,17 +492,7 @@ def _add_bench_engine_parser(bsub: Subparsers) -> None:
     be.add_argument(
         "--only",
         nargs="+",
-        choices=[
-            "throughput",
-            "prefix",
-            "features",
-            "speculation",
-            "draft",
-            "overhead",
-            "overlap",
-            "int8",
-            "padding",
-        ],
+        choices=["throughput", *SECTIONS],
         help="run the throughput rows and these parts only (default: every part; int8: "
         "TW_QUANTIZE=int8 against full precision, on the CPU; draft: draft-model speculation; "
         "padding: a CPU's few-row products padded where faster, against unpadded; overlap: a "

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from services.bench.sections import SECTIONS
 from services.bench.stats import pct
 from services.bench.workload import WORDS, Mix, Workload
 from services.model.corpus import iter_comment_passages, quote_answer, quote_prompt
@@ -38,18 +39,6 @@ from services.worker.engine.engine import Engine
 from services.worker.engine.grammar import GrammarCache
 from services.worker.engine.speculation import SpecConfig
 from services.worker.engine.wire import EngineConfig, EngineRequest, SamplingConfig
-
-# The parts of the benchmark after the throughput rows, each skippable.
-SECTIONS = (
-    "prefix",
-    "features",
-    "speculation",
-    "draft",
-    "overhead",
-    "overlap",
-    "int8",
-    "padding",
-)
 
 
 @dataclass
