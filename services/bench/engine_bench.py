@@ -589,7 +589,7 @@ def decode_step_split(
     while engine.scheduler.waiting or any(s.in_prefill for s in engine.scheduler.running):
         engine.step()
     engine.step()  # the first step of decodes alone places their rows
-    engine.step()
+    engine.step()  # (overlapped, this one settles that step's pass)
     clock = _PassClock(model.device)
     forward = engine.runner.forward
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,7 +57,6 @@ class _Flight:
     (None where it failed), and what they filled in (``Engine._forward``)."""
 
     plan: StepPlan
-    groups: list[list[Work]]
     passes: list[torch.Tensor | None]
     logits: dict[str, tuple[torch.Tensor, int]]
     failed: dict[str, str]
@@ -285,11 +284,10 @@ class Engine:
 
     def _launch(self, plan: StepPlan) -> None:
         """Run the step's passes: on a GPU, launch them (nothing waits for the device)."""
-        groups = _forward_groups(plan.work)
         logits: dict[str, tuple[torch.Tensor, int]] = {}
         failed: dict[str, str] = {}
-        passes = [self._forward(group, logits, failed) for group in groups]
-        self._flight = _Flight(plan, groups, passes, logits, failed)
+        passes = [self._forward(group, logits, failed) for group in _forward_groups(plan.work)]
+        self._flight = _Flight(plan, passes, logits, failed)
 
     def _settle(self) -> list[StepOutput]:
         """Wait for the pass in flight, sample its rows and take their tokens. Rows of a
@@ -305,7 +303,7 @@ class Engine:
         ]
         # One pass of plain decodes, each sampled: its logits are the step's rows, in order.
         plain = (
-            len(flight.groups) == 1
+            len(flight.passes) == 1
             and len(work) == len(plan.work)
             and all(w.num_tokens == 1 for w in plan.work)
         )
@@ -566,29 +564,37 @@ class Engine:
                 text += live.text.flush()
         except Exception as exc:  # a tokenizer's failure on one output is that request's
             log.warning("detokenizing failed: %s", exc, extra={"request_id": seq.request_id})
-            finish, error = Status.FINISHED_ERROR, f"detokenizing the output failed: {exc}"
-        if error is not None:
-            self.stats.request_errors += 1
-            finish = Status.FINISHED_ERROR
-        assert finish is not None
-        self._live.pop(seq.request_id, None)
+            error = f"detokenizing the output failed: {exc}"
         if n < len(tokens):  # taken, but after the stop string (or the failing token)
             seq.drop_outputs(len(tokens) - n)
-        if not seq.status.finished:
+        logprobs = None if held.logprobs is None else held.logprobs[:n]
+        if error is not None:
+            return self._fail(live, error, tokens[:n], text, logprobs)
+        assert finish is not None
+        self._live.pop(seq.request_id, None)
+        if not seq.status.finished:  # a stop string: the tokens alone did not end it
             self.scheduler.finish(seq, finish)
         out = self._final_output(live, tokens[:n], text, finish)
-        out.logprobs = None if held.logprobs is None else held.logprobs[:n]
-        if error is not None:
-            out.error, out.error_code = error, "engine_error"
+        out.logprobs = logprobs
         return out
 
-    def _fail(self, live: _Live, why: str) -> StepOutput:
-        """End one request after a failure of its own; the step goes on for the others."""
+    def _fail(
+        self,
+        live: _Live,
+        why: str,
+        tokens: list[int] | None = None,
+        text: str = "",
+        logprobs: list[TokenLogprobs] | None = None,
+    ) -> StepOutput:
+        """End one request after a failure of its own (after ``tokens``, ``text`` and their
+        ``logprobs`` where some came first); the step goes on for the others."""
         self.stats.request_errors += 1
         self._live.pop(live.seq.request_id, None)
-        self.scheduler.finish(live.seq, Status.FINISHED_ERROR)
-        out = self._final_output(live, [], "", Status.FINISHED_ERROR)
-        return replace(out, error=why, error_code="engine_error")
+        if not live.seq.status.finished:  # else its taken tokens finished it already
+            self.scheduler.finish(live.seq, Status.FINISHED_ERROR)
+        out = self._final_output(live, tokens or [], text, Status.FINISHED_ERROR)
+        out.logprobs, out.error, out.error_code = logprobs, why, "engine_error"
+        return out
 
     def _final_output(
         self, live: _Live, tokens: list[int], text: str, finish: Status
