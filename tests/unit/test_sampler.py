@@ -13,6 +13,7 @@ import torch
 from services.worker.engine.sampler import (
     MAX_BLOCK,
     Picker,
+    SeenTokens,
     _distributions,
     _Group,
     adjust,
@@ -386,8 +387,20 @@ def reference_adjust(
     return out
 
 
+def seen_after(prompt: list[int], output: list[int]) -> SeenTokens:
+    """A request's seen ids once it has generated ``output``, kept token by token."""
+    seen = SeenTokens(prompt, VOCAB)
+    for t in output:
+        seen.add(t)
+    return seen
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_adjust_matches_the_definitions_row_by_row(seed: int) -> None:
+@pytest.mark.parametrize("with_drafts", [False, True])
+@pytest.mark.parametrize("strided", [False, True])
+def test_adjust_matches_the_definitions_row_by_row(
+    seed: int, with_drafts: bool, strided: bool
+) -> None:
     rng = random.Random(seed)
     rows = 7
     logits = random_logits(rows, seed)
@@ -405,17 +418,49 @@ def test_adjust_matches_the_definitions_row_by_row(seed: int) -> None:
         SamplingConfig(temperature=1.0, frequency_penalty=0.5),
         SamplingConfig(repetition_penalty=2.0, presence_penalty=1.0, logit_bias=((5, 1.5),)),
     ]
-    # Repeats in both lists; one output left empty, ids out of range ignored, and a row
-    # with no ids at all (only its bias applies).
+    # Repeats in both lists; one output left empty, ids out of range ignored, a row that
+    # outgrows its arrays (every id once), and a row with no ids at all (only its bias
+    # applies).
     prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))] for _ in range(rows)]
     outputs = [[rng.randrange(VOCAB // 4) for _ in range(rng.randint(0, 40))] for _ in range(rows)]
     outputs[2] = []
     prompts[1] += [VOCAB, VOCAB + 3]
+    prompts[5], outputs[5] = [1], rng.sample(range(VOCAB), VOCAB) * 2
     prompts[6] = outputs[6] = []
-    got = logits.clone()
-    adjust(got, configs, prompts, outputs)
+    # Speculation's rows: read as if a draft followed the output (new ids, repeats, an id
+    # out of range), the request's own arrays left as they are.
+    drafts = [
+        [rng.choice([rng.randrange(VOCAB), VOCAB + 1]) for _ in range(rng.randint(0, 5))]
+        if with_drafts
+        else []
+        for _ in range(rows)
+    ]
+    seen = [
+        seen_after(p, o) if c.adjusts else None
+        for p, o, c in zip(prompts, outputs, configs, strict=True)
+    ]
+    kept = [None if t is None else [a.tolist() for a in t.arrays([])] for t in seen]
+    # Adjusted in place, also in a view whose rows are not contiguous (a pass's last
+    # positions): the values between its rows are left as they are.
+    whole = torch.zeros(rows, 2 if strided else 1, VOCAB)
+    whole[:, 0] = logits
+    got = whole[:, 0]
+    adjust(got, configs, seen, drafts)
+    assert not strided or torch.equal(whole[:, 1], torch.zeros(rows, VOCAB))
     for r in range(rows):
-        want = reference_adjust(logits[r], configs[r], prompts[r], outputs[r])
+        output = outputs[r] + drafts[r]
+        want = reference_adjust(logits[r], configs[r], prompts[r], output)
         torch.testing.assert_close(got[r], want)
     assert torch.equal(got[0], logits[0])
     assert not torch.equal(got[4], logits[4])
+    assert [None if t is None else [a.tolist() for a in t.arrays([])] for t in seen] == kept
+
+
+def test_seen_tokens_count_each_id_once_and_its_output_occurrences() -> None:
+    seen = SeenTokens([7, 7, 3, -1, VOCAB], VOCAB)
+    for t in [3, 9, 9, VOCAB + 2, 9]:
+        seen.add(t)
+    ids, counts = seen.arrays([])
+    assert dict(zip(ids.tolist(), counts.tolist(), strict=True)) == {3: 1, 7: 0, 9: 3}
+    ids, counts = seen.arrays([7, 11, 11])
+    assert dict(zip(ids.tolist(), counts.tolist(), strict=True)) == {3: 1, 7: 1, 9: 3, 11: 2}

@@ -22,7 +22,7 @@ from services.worker.engine.grammar import (
 from services.worker.engine.kv_cache import kv_cache_for
 from services.worker.engine.model_runner import ModelRunner, RunItem
 from services.worker.engine.request import SeqState, Status
-from services.worker.engine.sampler import Picker, adjust, make_generator
+from services.worker.engine.sampler import Picker, SeenTokens, adjust, make_generator
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig, StepPlan, Work
 from services.worker.engine.speculation import propose
 from services.worker.engine.text import TextStream, incremental_decoders
@@ -49,6 +49,7 @@ class _Live:
     generator: torch.Generator | None
     stop_ids: frozenset[int] = field(default_factory=frozenset)
     constraint: Constraint | None = None
+    seen: SeenTokens | None = None  # what its penalties read, when it has any
 
 
 @dataclass(slots=True)
@@ -224,6 +225,7 @@ class Engine:
             gen,
             stop_ids,
             constraint,
+            SeenTokens(seq.prompt_ids, self.vocab_size) if req.sampling.adjusts else None,
         )
         self.scheduler.add(seq)
         return None
@@ -465,15 +467,7 @@ class Engine:
         ``drafts[i]`` had been generated already (speculation's rows)."""
         configs = [lv.req.sampling for lv in lives]
         if any(c.adjusts for c in configs):
-            adjust(
-                logits,
-                configs,
-                [lv.seq.prompt_ids for lv in lives],
-                [
-                    lv.seq.output_ids + d if d else lv.seq.output_ids
-                    for lv, d in zip(lives, drafts, strict=True)
-                ],
-            )
+            adjust(logits, configs, [lv.seen for lv in lives], drafts)
         self._hold_stops(logits, lives, drafts)
         apply_constraints(
             logits, [(i, lv.constraint) for i, lv in enumerate(lives) if lv.constraint]
@@ -521,6 +515,8 @@ class Engine:
                 break
             assert tok is not None
             seq.append_output(tok)
+            if live.seen is not None:
+                live.seen.add(tok)
             held.tokens.append(tok)
             if tok in live.stop_ids:
                 held.finish, held.stop_id = Status.FINISHED_STOPPED, True
