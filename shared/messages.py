@@ -20,6 +20,10 @@ TenantId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0
 MAX_STOP_STRINGS = 8
 MAX_PROMPT_TOKEN_IDS = 1 << 20
 SEED_MAX = 2**63 - 1
+# Token ids are 32-bit in every tokenizer; the bound also keeps an id within the 64 bits the
+# wire's encoder writes (a larger one failed to encode where it was sent on).
+TOKEN_ID_MAX = 2**31 - 1
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
 
 
 def new_request_id() -> str:
@@ -137,7 +141,7 @@ class SamplingParams(Wire):
     stop: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
         default_factory=list, max_length=MAX_STOP_STRINGS
     )
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
+    stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = Field(
         False,
@@ -164,7 +168,7 @@ class SamplingParams(Wire):
         description=MODEL_DEFAULT + "1.0; tokens of the prompt and output: positive logits "
         "divided by it, negative multiplied (as Hugging Face)",
     )
-    logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100, le=100)]] = Field(
+    logit_bias: dict[TokenId, Annotated[float, Field(ge=-100, le=100)]] = Field(
         default_factory=dict, max_length=300, description="token id: added to its logit"
     )
     logprobs: int | None = Field(
@@ -283,7 +287,7 @@ class GenerateRequest(Wire):
     model: str | None = Field(None, max_length=256)
     prompt: str | None = Field(None, max_length=4_000_000)
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1024)
-    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+    prompt_token_ids: list[TokenId] | None = Field(
         None,
         min_length=1,
         max_length=MAX_PROMPT_TOKEN_IDS,

@@ -33,12 +33,14 @@ from shared.messages import (
     MAX_PROMPT_TOKEN_IDS,
     MAX_STOP_STRINGS,
     SEED_MAX,
+    TOKEN_ID_MAX,
     ChatMessage,
     GenerateRequest,
     Priority,
     ReplyTarget,
     SamplingParams,
     Structure,
+    TokenId,
     ToolCall,
     ToolCallFunction,
 )
@@ -48,9 +50,7 @@ StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 # A response holds at most this many choices (prompts times ``n``).
 MAX_CHOICES = 64
 MAX_PROMPTS = 16
-TokenIds = Annotated[
-    list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=MAX_PROMPT_TOKEN_IDS)
-]
+TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKEN_IDS)]
 PromptList = Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
 TokenIdsList = Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
 
@@ -165,7 +165,7 @@ class _Common(Strict):
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] = Field(
         default_factory=dict, max_length=300, description="token id (as a string): bias"
     )
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
+    stop_token_ids: list[TokenId] = Field(
         default_factory=list,
         max_length=64,
         description="vLLM extension: token ids that end the completion, as EOS does",
@@ -218,7 +218,8 @@ class _Common(Strict):
     @field_validator("logit_bias")
     @classmethod
     def _token_ids(cls, bias: dict[str, float]) -> dict[str, float]:
-        if not all(k.isdigit() for k in bias):
+        # ASCII digits alone: str.isdigit admits others ("²") that int() refuses.
+        if not all(k.isascii() and k.isdigit() and int(k) <= TOKEN_ID_MAX for k in bias):
             raise ValueError("logit_bias keys must be token ids (as strings of digits)")
         return bias
 

@@ -59,6 +59,7 @@ async def admit(
     if body.model != st.settings.model_name:
         raise model_not_found(body.model, st.settings.model_name)
     _check_policy(who, body)
+    _check_vocabulary(st, body)
     inputs = body.inputs()
     limits: list[int] = []
     cost = 0
@@ -111,6 +112,21 @@ async def admit(
             verdict.retry_after_s,
         )
     return rid, reqs
+
+
+def _check_vocabulary(st: EdgeState, body: CompletionBody | ChatBody) -> None:
+    """The token ids a request names beside its prompt are the served model's: a bias or a
+    stop id it does not have is refused (OpenAI refuses such a bias), never ignored. The
+    prompt's own are checked where it is counted; without a tokenizer, by the worker."""
+    if st.model.tokenizer is None:
+        return
+    vocab = st.model.vocab_size
+    for param, ids in (
+        ("logit_bias", body.token_biases()),
+        ("stop_token_ids", body.stop_token_ids),
+    ):
+        if any(t >= vocab for t in ids):
+            raise bad_request(f"token ids must lie in [0, {vocab})", param=param)
 
 
 def _check_policy(who: Principal, body: CompletionBody | ChatBody) -> None:

@@ -574,6 +574,12 @@ async def _poll_status(
         ({"best_of": 2}, "unsupported_parameter"),
         ({"presence_penalty": 3}, None),
         ({"logit_bias": {"x": 1}}, None),
+        # Past 64 bits (the wire's encoder refused it: a 500), a digit that is not 0-9, an
+        # id the vocabulary does not have.
+        ({"logit_bias": {"99999999999999999999": 1}}, None),
+        ({"logit_bias": {"\u00b2": 1}}, None),
+        ({"logit_bias": {"4096": 1}}, None),
+        ({"stop_token_ids": [4096]}, None),
         ({"logprobs": 6}, None),
         ({"min_p": 1.5}, None),
         ({"min_p": -0.1}, None),
@@ -598,7 +604,7 @@ async def test_bad_parameters_are_400(
         assert err["param"] == name and name in err["message"]
     if "stop" in patch:  # a union's error names the field, not pydantic's member path
         assert err["param"] == "stop", err
-    for named in ("min_p", "include_stop_str_in_output"):
+    for named in ("min_p", "include_stop_str_in_output", "logit_bias", "stop_token_ids"):
         if named in patch:
             assert err["param"] == named, err
 

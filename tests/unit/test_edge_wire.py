@@ -380,7 +380,13 @@ def test_penalties_and_biases_map_onto_the_wire() -> None:
     sp = body.to_request("cmpl-1", "t", 4).sampling
     assert (sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty) == (0.5, -0.5, 1.2)
     assert sp.logit_bias == {17: -100.0, 5: 2.5}
-    for bad in ({"logit_bias": {"x": 1}}, {"logit_bias": {"1": 101}}, {"presence_penalty": 2.5}):
+    for bad in (
+        {"logit_bias": {"x": 1}},
+        {"logit_bias": {"1": 101}},
+        {"logit_bias": {"99999999999999999999": 1}},  # past any vocabulary (and 64 bits)
+        {"logit_bias": {"\u00b2": 1}},  # a digit to str.isdigit, not to int()
+        {"presence_penalty": 2.5},
+    ):
         with pytest.raises(ValidationError):
             CompletionBody.model_validate({"model": "m", "prompt": "x", **bad})
 

@@ -274,6 +274,12 @@ def test_requests_that_cannot_run_fail_cleanly(lm: tuple[Any, Any]) -> None:
     engine.add_request(EngineRequest("empty", [], max_tokens=4))
     engine.add_request(EngineRequest("oov", [5, model.config.vocab_size], max_tokens=4))
     engine.add_request(EngineRequest("negative", [-1, 5], max_tokens=4))
+    vocab = model.config.vocab_size
+    # Ids the model has not (from a producer the edge did not check): never sampled, so
+    # a bias or a stop id there would be ignored.
+    biased = SamplingConfig(logit_bias=((vocab, 5.0),))
+    engine.add_request(EngineRequest("oov-bias", [5, 6], max_tokens=4, sampling=biased))
+    engine.add_request(EngineRequest("oov-stop", [5, 6], max_tokens=4, stop_token_ids=[vocab]))
     engine.add_request(EngineRequest("fine", [5, 6], max_tokens=4, ignore_eos=True))
     tokens, finals = collect(engine.run_until_idle())
     assert finals["big"].finish is Status.FINISHED_ERROR and "KV budget" in (
@@ -283,6 +289,9 @@ def test_requests_that_cannot_run_fail_cleanly(lm: tuple[Any, Any]) -> None:
     for name in ("oov", "negative"):  # on CUDA these would poison the device, not raise
         assert finals[name].finish is Status.FINISHED_ERROR
         assert "token ids must lie in" in (finals[name].error or "")
+    for name in ("oov-bias", "oov-stop"):
+        assert finals[name].finish is Status.FINISHED_ERROR
+        assert "must lie in" in (finals[name].error or "") and not tokens.get(name)
     assert finals["fine"].finish is Status.FINISHED_LENGTH and len(tokens["fine"]) == 4
 
 

@@ -264,6 +264,23 @@ def test_out_of_range_values_are_invalid(body: dict[str, object]) -> None:
     assert info.value.reason == "invalid"
 
 
+@pytest.mark.parametrize(
+    "field",
+    [
+        b'"prompt_token_ids": [99999999999999999999]',
+        b'"prompt_token_ids": [2147483648]',
+        b'"prompt": "x", "sampling": {"stop_token_ids": [99999999999999999999]}',
+        b'"prompt": "x", "sampling": {"logit_bias": {"99999999999999999999": 1}}',
+    ],
+)
+def test_a_token_id_past_32_bits_is_invalid(field: bytes) -> None:
+    """A producer's id no vocabulary has is refused where it is decoded (past 64 bits it
+    validated, and failed to encode where it was sent on)."""
+    with pytest.raises(DecodeError) as info:
+        decode(GenerateRequest, b'{"request_id": "r1", "tenant": "t", ' + field + b"}")
+    assert info.value.reason == "invalid"
+
+
 def test_defaults() -> None:
     req = GenerateRequest(prompt="p")
     assert req.request_id.startswith("req-") and len(req.request_id) == 4 + 32

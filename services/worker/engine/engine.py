@@ -202,6 +202,11 @@ class Engine:
             # On CUDA an out-of-range id would not raise but poison the device for every
             # later step (a device-side assert); here it is one request's error.
             problem = f"prompt token ids must lie in [0, {self.vocab_size})"
+        elif any(t >= self.vocab_size for t, _ in req.sampling.logit_bias) or any(
+            t >= self.vocab_size for t in req.stop_token_ids
+        ):
+            # Never sampled: a bias or a stop id the model has not would be ignored.
+            problem = f"logit_bias and stop_token_ids must lie in [0, {self.vocab_size})"
         stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_ids)
         constraint = None
         if problem is None and req.structure is not None:
