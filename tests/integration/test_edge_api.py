@@ -609,6 +609,25 @@ async def test_bad_parameters_are_400(
             assert err["param"] == named, err
 
 
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/v1/completions", b'"prompt": "hi \\ud800 there"'),
+        ("/v1/completions", b'"prompt": "hi", "stop": ["\\udc00"]'),
+        ("/v1/chat/completions", b'"messages": [{"role": "user", "content": "\\ud83d!"}]'),
+    ],
+)
+async def test_a_lone_surrogate_is_a_json_error(edges: Edges, path: str, field: bytes) -> None:
+    """A "\\ud800" escape with no pair is no character: the standard library's JSON parser
+    made it a str that no tokenizer or encoder takes (a 500); it is a JSON error."""
+    body = b'{"model": "' + MODEL.encode() + b'", "max_tokens": 2, ' + field + b"}"
+    headers = {**auth(ACME), "content-type": "application/json"}
+    async with httpx.AsyncClient(base_url=edges.url("a"), timeout=30) as http:
+        r = await http.post(path, content=body, headers=headers)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
 async def test_a_logit_bias_reaches_the_sampler(edges: Edges) -> None:
     # The bias maps token ids to amounts: JSON keys are strings on the wire and ints in the
     # sampler (it was answered 500: the wire encoder refused the int keys). A bias of 100

@@ -24,11 +24,11 @@ from services.edge.batch_store import (
     new_batch_id,
 )
 from services.edge.errors import ApiError, bad_request, forbidden, not_found
-from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
+from services.edge.routes.common import ERROR_RESPONSES, Caller, JsonRoute, edge_state
 from services.edge.routes.files import batch_store
 from shared.messages import Priority
 
-router = APIRouter(responses=ERROR_RESPONSES, tags=["batches"])
+router = APIRouter(responses=ERROR_RESPONSES, tags=["batches"], route_class=JsonRoute)
 
 BatchIdParam = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")]
 MetadataValue = Annotated[str, Field(max_length=512)]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
+import orjson
 from fastapi import Depends, Request, Security
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.responses import Response
 
 from services.edge.auth import Principal, bearer_token
 from services.edge.errors import unauthorized
@@ -26,6 +30,28 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
         503: "overloaded or a dependency is down (see Retry-After)",
     }.items()
 }
+
+
+class _OrjsonRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = orjson.loads(await self.body())
+        return self._json
+
+
+class JsonRoute(APIRoute):
+    """A route whose JSON body is parsed by orjson: strict UTF-8, so an unpaired surrogate
+    escape ("\\ud800") is a JSON error (400), where the standard library's parser made it a
+    str that no tokenizer or encoder takes (a 500). orjson's error is a
+    ``json.JSONDecodeError``, which FastAPI answers as it answers any malformed body."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            return await handler(_OrjsonRequest(request.scope, request.receive))
+
+        return handle
 
 
 def edge_state(request: Request) -> EdgeState:

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from starlette.responses import FileResponse, StreamingResponse
 
-from services.edge.routes.common import edge_state
+from services.edge.routes.common import JsonRoute, edge_state
 from services.edge.routes.ops import STATIC
 from services.edge.sse import KEEPALIVE, frame
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 RETRY_MS = 2000  # how soon a page reconnects after the stream drops
 
 

@@ -18,9 +18,9 @@ from starlette.responses import JSONResponse, Response
 
 from services.edge.batch_store import FILE_PURPOSES, BatchStore, FileInfo
 from services.edge.errors import bad_request, not_found
-from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
+from services.edge.routes.common import ERROR_RESPONSES, Caller, JsonRoute, edge_state
 
-router = APIRouter(responses=ERROR_RESPONSES, tags=["batches"])
+router = APIRouter(responses=ERROR_RESPONSES, tags=["batches"], route_class=JsonRoute)
 
 FileIdParam = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")]
 

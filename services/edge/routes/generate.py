@@ -8,10 +8,10 @@ from starlette.responses import Response
 from services.edge.auth import Principal
 from services.edge.openai_api import ChatBody, CompletionBody
 from services.edge.responses import JsonRelay, RelayPlan, SseRelay
-from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
+from services.edge.routes.common import ERROR_RESPONSES, Caller, JsonRoute, edge_state
 from services.edge.submit import open_response
 
-router = APIRouter(responses=ERROR_RESPONSES)
+router = APIRouter(responses=ERROR_RESPONSES, route_class=JsonRoute)
 
 
 @router.post("/v1/completions", response_model=None, tags=["openai"])

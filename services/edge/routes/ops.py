@@ -11,9 +11,9 @@ from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Re
 
 from services.edge.errors import model_not_found
 from services.edge.metrics import CONTENT_TYPE_LATEST
-from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
+from services.edge.routes.common import ERROR_RESPONSES, Caller, JsonRoute, edge_state
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 STATIC = Path(__file__).resolve().parents[1] / "static"
 PROBE_TIMEOUT_S = 2.0
 

@@ -11,10 +11,10 @@ from starlette.responses import JSONResponse, Response
 from services.edge.cancel import cancel_request, owned
 from services.edge.errors import bad_request
 from services.edge.responses import RelayPlan, SseRelay
-from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
+from services.edge.routes.common import ERROR_RESPONSES, Caller, JsonRoute, edge_state
 from services.edge.shapes import Shape, created_of
 
-router = APIRouter(responses=ERROR_RESPONSES, tags=["requests"])
+router = APIRouter(responses=ERROR_RESPONSES, tags=["requests"], route_class=JsonRoute)
 
 RequestIdParam = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 

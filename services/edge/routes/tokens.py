@@ -12,10 +12,10 @@ from pydantic import Field, model_validator
 from services.edge.errors import ApiError, bad_request, model_not_found
 from services.edge.model_info import ModelInfo
 from services.edge.openai_api import ChatMessageBody, Strict
-from services.edge.routes.common import ERROR_RESPONSES, Caller, edge_state
+from services.edge.routes.common import ERROR_RESPONSES, Caller, JsonRoute, edge_state
 from shared.prompts import TemplateError
 
-router = APIRouter(responses=ERROR_RESPONSES, tags=["tokens"])
+router = APIRouter(responses=ERROR_RESPONSES, tags=["tokens"], route_class=JsonRoute)
 
 
 class TokenizeBody(Strict):
