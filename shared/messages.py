@@ -19,7 +19,7 @@ TenantId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0
 
 MAX_STOP_STRINGS = 8
 MAX_PROMPT_TOKEN_IDS = 1 << 20
-SEED_MAX = 2**63 - 1
+SEED_MAX = INT64_MAX = 2**63 - 1
 # Token ids are 32-bit in every tokenizer; the bound also keeps an id within the 64 bits the
 # wire's encoder writes (a larger one failed to encode where it was sent on).
 TOKEN_ID_MAX = 2**31 - 1
@@ -129,7 +129,9 @@ class SamplingParams(Wire):
     max_tokens: int = Field(16, ge=1, le=1_000_000)
     temperature: float | None = Field(None, ge=0.0, le=100.0, description=MODEL_DEFAULT + "1.0")
     top_p: float | None = Field(None, gt=0.0, le=1.0, description=MODEL_DEFAULT + "1.0")
-    top_k: int | None = Field(None, ge=0, description=MODEL_DEFAULT + "0; 0 disables top-k")
+    top_k: int | None = Field(
+        None, ge=0, le=1_000_000, description=MODEL_DEFAULT + "0; 0 disables top-k"
+    )
     min_p: float | None = Field(
         None,
         ge=0.0,
@@ -239,7 +241,7 @@ class CacheStore(Wire):
     scope (or the shared one) at cache generation ``generation``, for ``ttl_s`` seconds."""
 
     digest: str = Field(pattern=r"^[0-9a-f]{16,128}$")
-    generation: int = Field(0, ge=0)
+    generation: int = Field(0, ge=0, le=INT64_MAX)
     ttl_s: int = Field(ge=1, le=90 * 86400)
     shared: bool = Field(False, description="the scope every tenant shares, not the tenant's")
     retrieval_version: str | None = Field(
@@ -273,7 +275,9 @@ class Grounding(Wire):
 
     index: str = Field(max_length=64)
     version: str = Field(max_length=64)
-    passage_ids: list[int] = Field(default_factory=list, max_length=50)
+    passage_ids: list[Annotated[int, Field(ge=0, le=INT64_MAX)]] = Field(
+        default_factory=list, max_length=50
+    )
 
 
 class GenerateRequest(Wire):

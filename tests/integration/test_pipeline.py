@@ -155,6 +155,10 @@ async def test_bad_messages_go_to_dlq_and_serving_continues(stack: Stack) -> Non
         b"\xff\xfe not json",
         b'{"prompt": 5}',
         b'{"request_id": "bad-1", "prompt": "x", "sampling": {"max_tokens": -3}}',
+        # A token id no vocabulary has, past 64 bits: it validated, and the wire's encoder
+        # failed on it where it was sent on.
+        b'{"request_id": "bad-2", "prompt": "x", "sampling": {"logit_bias": {"%d": 1}}}' % 10**20,
+        b'{"request_id": "bad-3", "prompt": "x", "sampling": {"top_k": "%d"}}' % 10**20,
     ]
     good = _greedy_request("The module", 4, stack.names.completions)
     await _produce(stack, *bad, encode(good))
@@ -181,17 +185,21 @@ async def test_bad_messages_go_to_dlq_and_serving_continues(stack: Stack) -> Non
     assert reasons[bad[1]].reason == "invalid"
     assert "max_tokens" in reasons[bad[2]].detail
     assert reasons[bad[2]].request_id == "bad-1"
+    assert reasons[bad[3]].reason == "invalid" and "logit_bias" in reasons[bad[3]].detail
+    assert reasons[bad[4]].reason == "invalid" and "top_k" in reasons[bad[4]].detail
     assert all(dl.topic == stack.names.requests and dl.offset >= 0 for dl in letters)
 
-    # The sender whose request id could be read gets an error event on its stream.
+    # A sender whose request id could be read gets an error event on its stream.
     client = aioredis.Redis.from_url(stack.env["TW_REDIS_URL"])
     try:
-        events = [
-            ev async for ev in token_stream.follow(client, stack.names, "bad-1", idle_timeout_s=10)
-        ]
+        for rid in ("bad-1", "bad-2", "bad-3"):
+            events = [
+                ev async for ev in token_stream.follow(client, stack.names, rid, idle_timeout_s=10)
+            ]
+            assert len(events) == 1 and events[0].error is not None
+            assert events[0].error.code == "invalid"
     finally:
         await client.aclose()
-    assert len(events) == 1 and events[0].error is not None and events[0].error.code == "invalid"
 
 
 async def test_draft_model_speculation_serves_the_tokens_of_plain_decoding(

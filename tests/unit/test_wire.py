@@ -264,6 +264,28 @@ def test_out_of_range_values_are_invalid(body: dict[str, object]) -> None:
     assert info.value.reason == "invalid"
 
 
+def test_every_integer_a_producer_writes_is_bounded() -> None:
+    """Each integer of a request (what producers outside the project write) has a bound
+    within 64 bits: a larger one (sent as a numeric string, which validation reads as an
+    int) validated and then failed to encode where the batcher sent it on. Dict keys (a
+    logit bias's token ids) are bounded by their own type, tested below."""
+    unbounded = []
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            is_int = node.get("type") == "integer" and "const" not in node and "enum" not in node
+            if is_int and "maximum" not in node and "exclusiveMaximum" not in node:
+                unbounded.append(path)
+            for k, v in node.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+
+    walk(GenerateRequest.model_json_schema(), "")
+    assert not unbounded
+
+
 @pytest.mark.parametrize(
     "field",
     [
@@ -271,6 +293,7 @@ def test_out_of_range_values_are_invalid(body: dict[str, object]) -> None:
         b'"prompt_token_ids": [2147483648]',
         b'"prompt": "x", "sampling": {"stop_token_ids": [99999999999999999999]}',
         b'"prompt": "x", "sampling": {"logit_bias": {"99999999999999999999": 1}}',
+        b'"prompt": "x", "sampling": {"top_k": "99999999999999999999"}',
     ],
 )
 def test_a_token_id_past_32_bits_is_invalid(field: bytes) -> None:
