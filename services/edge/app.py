@@ -85,6 +85,10 @@ def add_error_handlers(app: FastAPI) -> None:
         if not errors:
             return bad_request("invalid request").response()
         first = errors[0]
+        if first.get("type") == "json_invalid":  # its location is a byte offset, no field
+            why = (first.get("ctx") or {}).get("error")
+            msg = f"the body is not valid JSON: {why}" if why else "the body is not valid JSON"
+            return bad_request(msg).response()
         param = ".".join(_field_path(first.get("loc", ()))) or None
         if first.get("type") == "extra_forbidden":
             return bad_request(

@@ -625,7 +625,9 @@ async def test_a_lone_surrogate_is_a_json_error(edges: Edges, path: str, field: 
     async with httpx.AsyncClient(base_url=edges.url("a"), timeout=30) as http:
         r = await http.post(path, content=body, headers=headers)
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["type"] == "invalid_request_error"
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] is None
+    assert err["message"].startswith("the body is not valid JSON: "), err
 
 
 async def test_a_logit_bias_reaches_the_sampler(edges: Edges) -> None:
