@@ -477,6 +477,27 @@ async def test_websocket_streams_cancels_and_resumes(edges: Edges) -> None:
         assert orjson.loads(await ws.recv())["status"] == 404
 
 
+async def test_websocket_says_why_a_frame_is_no_message_and_serves_on(edges: Edges) -> None:
+    url = edges.url("a").replace("http://", "ws://") + "/v1/ws"
+    async with ws_connect(url, additional_headers=auth(ACME)) as ws:
+        for frame, why in (
+            (b"\xff\xfe", "not valid JSON"),
+            ('{"type": "completions", "body": {"prompt": "\\ud800"}}', "not valid JSON"),
+            ("[1, 2]", "not a JSON object"),
+        ):
+            await ws.send(frame)
+            answer = orjson.loads(await ws.recv())
+            assert answer["type"] == "error" and answer["status"] == 400, answer
+            assert answer["error"]["message"].startswith(
+                f"a message must be a JSON object: it was {why}"
+            )
+        await ws.send(orjson.dumps({"type": "nope"}))
+        assert "unknown message type" in orjson.loads(await ws.recv())["error"]["message"]
+        body = {"model": MODEL, "prompt": "The function", "max_tokens": 3, "temperature": 0}
+        await ws.send(orjson.dumps({"type": "completions", "body": body}))
+        assert (await _ws_until_done(ws))[-1] == {"type": "done"}
+
+
 async def test_websocket_answers_messages_sent_during_a_relay(edges: Edges) -> None:
     """A message that arrives while a request is relayed waits its turn; none is dropped."""
     url = edges.url("a").replace("http://", "ws://") + "/v1/ws"

@@ -34,6 +34,8 @@ from services.edge.submit import open_response
 from shared.tasks import cancel_and_wait
 
 router = APIRouter()
+# Where ``_receive`` says why a frame was no message (a key no message of the API has).
+NOT_AN_OBJECT = " not an object"
 BODIES: dict[str, type[CompletionBody] | type[ChatBody]] = {
     "completions": CompletionBody,
     "chat.completions": ChatBody,
@@ -109,6 +111,8 @@ async def _handle(
         with st.health.guard("cancel", rid):
             final = await cancel_request(st, rid, who.tenant, "api")
         await _send(ws, {"type": "cancelled", "id": rid, "final": final})
+    elif (why := msg.get(NOT_AN_OBJECT)) is not None:
+        raise bad_request(f"a message must be a JSON object: it was {why}")
     else:
         raise bad_request(
             "unknown message type; expected completions, chat.completions, resume or cancel"
@@ -220,9 +224,9 @@ async def _receive(ws: WebSocket) -> dict[str, Any]:
     raw = message.get("text") or message.get("bytes") or b""
     try:
         msg = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return {"type": None}
-    return msg if isinstance(msg, dict) else {"type": None}
+    except orjson.JSONDecodeError as exc:
+        return {"type": None, NOT_AN_OBJECT: f"not valid JSON: {exc}"}
+    return msg if isinstance(msg, dict) else {"type": None, NOT_AN_OBJECT: "not a JSON object"}
 
 
 async def _send(ws: WebSocket, obj: dict[str, Any]) -> None:
