@@ -217,7 +217,7 @@ class _Inbox:
 
 async def _receive(ws: WebSocket) -> dict[str, Any]:
     """The next JSON object from the client (text or binary frame); anything else reads as
-    an unknown message, answered with a 400 frame."""
+    no message, with why (``NOT_AN_OBJECT``), answered with a 400 frame."""
     message = await ws.receive()
     if message["type"] == "websocket.disconnect":
         raise WebSocketDisconnect(message.get("code", 1000))
