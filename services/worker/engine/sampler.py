@@ -44,8 +44,8 @@ class SeenTokens:
             return
         i = self._at.get(token)
         if i is None:
-            if self.n == len(self.ids):
-                self.ids = np.resize(self.ids, 2 * self.n)
+            if self.n == len(self.ids):  # full: twice the room
+                self.ids = np.concatenate([self.ids, np.zeros(self.n, np.int64)])
                 self.counts = np.concatenate([self.counts, np.zeros(self.n, np.float32)])
             i = self._at[token] = self.n
             self.ids[i] = token
@@ -55,20 +55,24 @@ class SeenTokens:
     def arrays(self, draft: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The ids and their output counts, as if ``draft`` followed the output: views of
         this request's arrays without a draft, copies with one (left as they are)."""
+        ids, counts = self.ids[: self.n], self.counts[: self.n]
         if not draft:
-            return self.ids[: self.n], self.counts[: self.n]
-        ids, counts = list(self.ids[: self.n]), self.counts[: self.n].copy()
-        extra: dict[int, int] = {}
+            return ids, counts
+        counts = counts.copy()
+        new: dict[int, int] = {}  # ids the draft brings first → their count in it
         for t in draft:
             if not 0 <= t < self.vocab:
                 continue
-            i = self._at.get(t, extra.get(t))
+            i = self._at.get(t)
             if i is None:
-                i = extra[t] = len(ids)
-                ids.append(t)
-                counts = np.append(counts, np.float32(0))
-            counts[i] += 1
-        return np.asarray(ids, dtype=np.int64), counts
+                new[t] = new.get(t, 0) + 1
+            else:
+                counts[i] += 1
+        if not new:
+            return ids, counts
+        new_ids = np.fromiter(new, np.int64, len(new))
+        new_counts = np.fromiter(new.values(), np.float32, len(new))
+        return np.concatenate([ids, new_ids]), np.concatenate([counts, new_counts])
 
 
 def adjust(
