@@ -436,7 +436,7 @@ def test_adjust_matches_the_definitions_row_by_row(
         for _ in range(rows)
     ]
     seen = [
-        seen_after(p, o) if c.adjusts else None
+        seen_after(p, o) if c.penalizes else None
         for p, o, c in zip(prompts, outputs, configs, strict=True)
     ]
     kept = [None if t is None else [a.tolist() for a in t.arrays([])] for t in seen]

@@ -49,7 +49,7 @@ class _Live:
     generator: torch.Generator | None
     stop_ids: frozenset[int] = field(default_factory=frozenset)
     constraint: Constraint | None = None
-    seen: SeenTokens | None = None  # what its penalties read, when it has any
+    seen: SeenTokens | None = None  # what its penalties read, when it has some
 
 
 @dataclass(slots=True)
@@ -230,7 +230,7 @@ class Engine:
             gen,
             stop_ids,
             constraint,
-            SeenTokens(seq.prompt_ids, self.vocab_size) if req.sampling.adjusts else None,
+            SeenTokens(seq.prompt_ids, self.vocab_size) if req.sampling.penalizes else None,
         )
         self.scheduler.add(seq)
         return None

@@ -82,42 +82,54 @@ def adjust(
     drafts: list[list[int]],
 ) -> None:
     """Apply each row's penalties and biases to ``logits`` in place, batched over the rows
-    (each row that has any has its request's ``seen``, read as if the row's draft
-    followed). Both touch only a few ids of a row (those it has seen, those biased), so
-    they are computed there alone: the logits gathered at those ids, elementwise
-    arithmetic, one write back; nothing is done over the vocabulary. Repetition as
-    Hugging Face applies it (over prompt and output; positive logits divided, negative
-    multiplied), then the OpenAI penalties over the output, then the biases."""
-    rows = [i for i, c in enumerate(configs) if c.adjusts]
-    if not rows:
+    that have them (each row with penalties has its request's ``seen``, read as if the
+    row's draft followed). Both touch only a few ids of a row (those it has seen, those
+    biased), so they are computed there alone: the logits gathered at those ids,
+    elementwise arithmetic, one write back; nothing is done over the vocabulary.
+    Repetition as Hugging Face applies it (over prompt and output; positive logits
+    divided, negative multiplied), then the OpenAI penalties over the output, then the
+    biases."""
+    rows = [i for i, c in enumerate(configs) if c.penalizes]
+    vocab = logits.shape[-1]
+    biased = [
+        (i, b)
+        for i, c in enumerate(configs)
+        if c.logit_bias and (b := _biases(c.logit_bias, vocab, logits.device))[0].numel()
+    ]
+    if not rows and not biased:
         return
-    picked = [configs[i] for i in rows]
-    dev, vocab = logits.device, logits.shape[-1]
+    dev = logits.device
     # A penalty at the edge of its range (a repetition penalty of 5e-324) can overflow a
     # logit: keep every value finite, so the row is still sampled, never failed.
     big = torch.finfo(logits.dtype).max
-    arrays = []
-    for i in rows:
-        tokens = seen[i]
-        assert tokens is not None, "a row that adjusts its logits has its request's seen ids"
-        arrays.append(tokens.arrays(drafts[i]))
-    ids, n, has_ids = _batched(arrays, dev)
-    # The (row, id) entries as offsets in the flattened logits: one gather and one write
-    # back, where indexing by rows and ids took ten times as long on a CPU.
     work = logits if logits.is_contiguous() else logits.contiguous()
-    flat = work.view(-1)
-    at = (torch.tensor(rows, device=dev).unsqueeze(1) * vocab + ids).view(-1)
-    vals = flat.index_select(0, at).view(ids.shape).float()
-    knobs = [(c.repetition_penalty, c.frequency_penalty, c.presence_penalty) for c in picked]
-    rep, freq, pres = torch.tensor(knobs, dtype=vals.dtype, device=dev).unsqueeze(2).unbind(1)
-    new = torch.where(vals > 0, vals / rep, vals * rep) - freq * n - pres * (n > 0)
-    new = torch.where(has_ids, new.clamp(-big, big), vals)
-    # Padding repeats a row's first id with its count: written twice with the same value
-    # (from the same logit and count), so the order of the writes does not matter.
-    flat.index_copy_(0, at, new.view(-1).to(logits.dtype))
+    if rows:
+        arrays = []
+        for i in rows:
+            tokens = seen[i]
+            assert tokens is not None, "a row with penalties has its request's seen ids"
+            arrays.append(tokens.arrays(drafts[i]))
+        ids, n, has_ids = _batched(arrays, dev)
+        # The (row, id) entries as offsets in the flattened logits: one gather and one
+        # write back, where indexing by rows and ids took ten times as long on a CPU.
+        flat = work.view(-1)
+        at = (torch.tensor(rows, device=dev).unsqueeze(1) * vocab + ids).view(-1)
+        vals = flat.index_select(0, at).view(ids.shape).float()
+        knobs = [
+            (
+                configs[i].repetition_penalty,
+                configs[i].frequency_penalty,
+                configs[i].presence_penalty,
+            )
+            for i in rows
+        ]
+        rep, freq, pres = torch.tensor(knobs, dtype=vals.dtype, device=dev).unsqueeze(2).unbind(1)
+        new = torch.where(vals > 0, vals / rep, vals * rep) - freq * n - pres * (n > 0)
+        new = torch.where(has_ids, new.clamp(-big, big), vals)
+        # Padding repeats a row's first id with its count: written twice with the same
+        # value (from the same logit and count), so the order of the writes does not matter.
+        flat.index_copy_(0, at, new.view(-1).to(logits.dtype))
     # An id listed twice gets both biases.
-    biased = [(i, _biases(c.logit_bias, vocab, dev)) for i, c in zip(rows, picked, strict=True)]
-    biased = [(i, b) for i, b in biased if b[0].numel()]
     if biased:
         counts = torch.tensor([b[0].numel() for _, b in biased], device=dev)
         where = (

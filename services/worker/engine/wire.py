@@ -34,14 +34,16 @@ class SamplingConfig:
         return self.temperature < GREEDY_BELOW
 
     @property
+    def penalizes(self) -> bool:
+        """Whether penalties change this request's logits (by the tokens it has seen)."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+        )
+
+    @property
     def adjusts(self) -> bool:
         """Whether penalties or biases change this request's logits."""
-        return bool(
-            self.presence_penalty
-            or self.frequency_penalty
-            or self.repetition_penalty != 1.0
-            or self.logit_bias
-        )
+        return self.penalizes or bool(self.logit_bias)
 
 
 @dataclass(frozen=True, slots=True)
