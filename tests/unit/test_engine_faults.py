@@ -50,18 +50,21 @@ def _sampling(vocab: int, max_tokens: int) -> st.SearchStrategy[SamplingParams]:
         repetition_penalty=st.one_of(
             st.none(), st.sampled_from([*TINY, 10.0]), st.floats(1e-6, 10.0)
         ),
+        # Ids past the vocabulary are refused (test_engine), not served: not drawn here.
         logit_bias=st.dictionaries(
-            st.one_of(st.integers(0, vocab + 1), st.integers(0, 2**31)),
+            st.one_of(st.sampled_from([0, vocab - 1]), st.integers(0, vocab - 1)),
             st.one_of(st.sampled_from([-100.0, 100.0]), st.floats(-100, 100)),
             max_size=300,
         ),
         temperature=temperatures,
         top_p=top_ps,
-        top_k=st.one_of(st.sampled_from([0, 1, vocab - 1, vocab, vocab + 1]), st.integers(0)),
+        top_k=st.one_of(
+            st.sampled_from([0, 1, vocab - 1, vocab, vocab + 1, 1_000_000]), st.integers(0, 10**6)
+        ),
         min_p=st.one_of(st.none(), st.sampled_from([0.0, *TINY, 1.0]), st.floats(0.0, 1.0)),
         seed=st.one_of(st.none(), st.sampled_from([0, SEED_MAX]), st.integers(0, SEED_MAX)),
         stop=st.lists(stop_text, max_size=MAX_STOP_STRINGS),
-        stop_token_ids=st.lists(st.integers(0, 2**31), max_size=64),
+        stop_token_ids=st.lists(st.integers(0, vocab - 1), max_size=64),
         ignore_eos=st.booleans(),
         include_stop_str_in_output=st.booleans(),
     )
