@@ -155,8 +155,8 @@ async def test_bad_messages_go_to_dlq_and_serving_continues(stack: Stack) -> Non
         b"\xff\xfe not json",
         b'{"prompt": 5}',
         b'{"request_id": "bad-1", "prompt": "x", "sampling": {"max_tokens": -3}}',
-        # A token id no vocabulary has, past 64 bits: it validated, and the wire's encoder
-        # failed on it where it was sent on.
+        # Integers past 64 bits (a token id, a top_k sent as a numeric string): each
+        # validated, and the wire's encoder failed on it where it was sent on.
         b'{"request_id": "bad-2", "prompt": "x", "sampling": {"logit_bias": {"%d": 1}}}' % 10**20,
         b'{"request_id": "bad-3", "prompt": "x", "sampling": {"top_k": "%d"}}' % 10**20,
     ]

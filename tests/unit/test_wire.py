@@ -296,9 +296,9 @@ def test_every_integer_a_producer_writes_is_bounded() -> None:
         b'"prompt": "x", "sampling": {"top_k": "99999999999999999999"}',
     ],
 )
-def test_a_token_id_past_32_bits_is_invalid(field: bytes) -> None:
-    """A producer's id no vocabulary has is refused where it is decoded (past 64 bits it
-    validated, and failed to encode where it was sent on)."""
+def test_an_integer_past_its_bound_is_invalid(field: bytes) -> None:
+    """A producer's token id no vocabulary has, or a top_k past its bound, is refused where
+    it is decoded (past 64 bits it validated, and failed to encode where it was sent on)."""
     with pytest.raises(DecodeError) as info:
         decode(GenerateRequest, b'{"request_id": "r1", "tenant": "t", ' + field + b"}")
     assert info.value.reason == "invalid"
